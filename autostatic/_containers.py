@@ -1,0 +1,166 @@
+"""Read-only lists, dicts and sets for the attributes of a constructed AutoModule.
+
+A container built up in `__init__` (`self.layers = []`, then `.append`) is frozen when
+construction ends. Static values travel in the pytree's aux data and are shared with
+every treedef JAX caches, and dynamic containers are the pytree's children, so a later
+in-place mutation would silently change compiled-function caches or desynchronise the
+partition. The frozen types are subclasses of `list`/`dict`/`set`: they compare equal
+to, and behave like, the built-in containers for reading, and their key paths are those
+of the built-ins (`SequenceKey`, `DictKey` in sorted key order).
+"""
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, NoReturn
+
+import jax.tree_util as jtu
+
+# Where a container sits: ("Net.layers", 3, "w") formats as Net.layers[3]['w'].
+ContainerPath = tuple[Hashable, ...]
+
+
+def format_path(path: ContainerPath) -> str:
+    if not path:
+        return "this container"
+    head, *keys = path
+    return str(head) + "".join(f"[{key!r}]" for key in keys)
+
+
+def _refuse(method: str) -> Callable[..., NoReturn]:
+    def refuse(self: Any, *args: object, **kwargs: object) -> NoReturn:
+        kind = type(self).__mro__[1].__name__
+        raise TypeError(
+            f"{format_path(self._path)} cannot be modified ({kind}.{method}): the "
+            "attributes of an AutoModule are immutable after __init__, because its "
+            "static/dynamic partition was decided then. Build a new "
+            f"{kind} and make a modified copy of the module with "
+            "autostatic.tree_at(lambda m: m.<attribute>, module, new_value)."
+        )
+
+    refuse.__name__ = method
+    return refuse
+
+
+def _add_refusals(cls: type, methods: Iterable[str]) -> None:
+    for method in methods:
+        setattr(cls, method, _refuse(method))
+
+
+class FrozenList(list):
+    """A `list` that refuses in-place modification."""
+
+    __slots__ = ("_path",)
+
+    def __init__(self, items: Iterable[Any] = (), path: ContainerPath = ()):
+        list.__init__(self, items)
+        self._path = path
+
+    def __reduce__(self):
+        return (FrozenList, (list(self), self._path))
+
+
+class FrozenDict(dict):
+    """A `dict` that refuses in-place modification."""
+
+    __slots__ = ("_path", "_sorted_keys")
+
+    def __init__(self, items: Any = (), path: ContainerPath = ()):
+        dict.__init__(self, items)
+        self._path = path
+        self._sorted_keys = tuple(sorted(dict.keys(self)))
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self), self._path))
+
+
+class FrozenSet(set):
+    """A `set` that refuses in-place modification."""
+
+    __slots__ = ("_path",)
+
+    def __init__(self, items: Iterable[Any] = (), path: ContainerPath = ()):
+        set.__init__(self, items)
+        self._path = path
+
+    def __reduce__(self):
+        return (FrozenSet, (set(self), self._path))
+
+
+_add_refusals(
+    FrozenList,
+    (
+        "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+        "__setitem__", "__delitem__", "__iadd__", "__imul__",
+    ),
+)
+_add_refusals(
+    FrozenDict,
+    (
+        "__setitem__", "__delitem__", "pop", "popitem", "clear", "update",
+        "setdefault", "__ior__",
+    ),
+)
+_add_refusals(
+    FrozenSet,
+    (
+        "add", "discard", "remove", "pop", "clear", "update", "intersection_update",
+        "difference_update", "symmetric_difference_update", "__ior__", "__iand__",
+        "__isub__", "__ixor__",
+    ),
+)
+
+
+def _list_flatten_with_keys(x: FrozenList):
+    return tuple((jtu.SequenceKey(i), v) for i, v in enumerate(x)), x._path
+
+
+def _list_unflatten(path: ContainerPath, children: Iterable[Any]) -> FrozenList:
+    return FrozenList(children, path)
+
+
+def _dict_flatten(x: FrozenDict):
+    keys = x._sorted_keys
+    return tuple(dict.__getitem__(x, k) for k in keys), (keys, x._path)
+
+
+def _dict_flatten_with_keys(x: FrozenDict):
+    keys = x._sorted_keys
+    children = tuple((jtu.DictKey(k), dict.__getitem__(x, k)) for k in keys)
+    return children, (keys, x._path)
+
+
+def _dict_unflatten(aux: tuple[tuple[Any, ...], ContainerPath], children) -> FrozenDict:
+    keys, path = aux
+    return FrozenDict(zip(keys, children), path)
+
+
+jtu.register_pytree_with_keys(
+    FrozenList,
+    _list_flatten_with_keys,
+    _list_unflatten,
+    flatten_func=lambda x: (x, x._path),
+)
+jtu.register_pytree_with_keys(
+    FrozenDict, _dict_flatten_with_keys, _dict_unflatten, flatten_func=_dict_flatten
+)
+
+
+def freeze(value: Any, path: ContainerPath) -> Any:
+    """Returns `value` with every list, dict and set reachable through built-in
+    containers replaced by its frozen twin. Other objects are returned as they are."""
+    kind = type(value)
+    if kind is list or kind is FrozenList:
+        return FrozenList(
+            [freeze(item, path + (i,)) for i, item in enumerate(value)], path
+        )
+    if kind is dict or kind is FrozenDict:
+        return FrozenDict(
+            {key: freeze(item, path + (key,)) for key, item in value.items()}, path
+        )
+    if kind is set:
+        return FrozenSet(value, path)
+    if isinstance(value, tuple):
+        items = [freeze(item, path + (i,)) for i, item in enumerate(value)]
+        if all(new is old for new, old in zip(items, value)):
+            return value
+        return kind(*items) if hasattr(value, "_fields") else kind(items)
+    return value

@@ -1,0 +1,95 @@
+"""Finding arrays hidden inside static values.
+
+A static value is compared by `==` and baked into compiled code. An array inside it
+that the pytree machinery cannot see (a closure cell, a `functools.partial` argument, a
+jitted function's wrapped callable, an attribute of an opaque object) becomes a
+compile-time constant: it receives no gradient, is not updated by optimisers, and is
+copied into every compiled program.
+"""
+
+import functools as ft
+import types
+import weakref
+from typing import Any
+
+import equinox as eqx
+import jax.tree_util as jtu
+
+_MAX_DEPTH = 4
+_ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
+# Objects already found free of arrays; functions and callables dominate static values.
+_clean: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def find_hidden_array(value: Any) -> str | None:
+    """Describes where an array hides inside `value`, or returns None if none does."""
+    try:
+        if _clean.get(value, False):
+            return None
+    except TypeError:  # unhashable or not weakly referenceable
+        pass
+    where = _search(value, 0, set())
+    if where is None:
+        try:
+            _clean[value] = True
+        except TypeError:
+            pass
+    return where
+
+
+def _search(value: Any, depth: int, seen: set[int]) -> str | None:
+    if isinstance(value, _ATOMS) or id(value) in seen or depth > _MAX_DEPTH:
+        return None
+    if eqx.is_array(value):
+        return "an array"
+    seen.add(id(value))
+    for label, child in _children(value):
+        found = _search(child, depth + 1, seen)
+        if found is not None:
+            return f"{found} in {label}"
+    return None
+
+
+def _children(value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, ft.partial):
+        return [
+            ("the function of a functools.partial", value.func),
+            *((f"argument {i} of a functools.partial", a) for i, a in enumerate(value.args)),
+            *((f"keyword {k!r} of a functools.partial", a) for k, a in value.keywords.items()),
+        ]
+    if isinstance(value, types.FunctionType):
+        name = value.__qualname__
+        cells = zip(value.__code__.co_freevars, value.__closure__ or ())
+        out = []
+        for var, cell in cells:
+            try:
+                out.append((f"closure variable {var!r} of {name}", cell.cell_contents))
+            except ValueError:  # empty cell
+                pass
+        out += [(f"a default argument of {name}", d) for d in value.__defaults__ or ()]
+        out += [
+            (f"default {k!r} of {name}", d)
+            for k, d in (value.__kwdefaults__ or {}).items()
+        ]
+        return out
+    if isinstance(value, types.MethodType):
+        return [("the object of a bound method", value.__self__), ("a method", value.__func__)]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [(f"element {i}", v) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return [(f"key {k!r}", v) for k, v in value.items()]
+    if isinstance(value, eqx.Module):
+        leaves = jtu.tree_leaves(value)
+        return [(f"a leaf of {type(value).__qualname__}", leaf) for leaf in leaves]
+    out = []
+    wrapped = getattr(value, "__wrapped__", None)
+    if wrapped is not None:
+        out.append((f"the function wrapped by {type(value).__qualname__}", wrapped))
+    attributes = getattr(value, "__dict__", None)
+    if isinstance(attributes, dict):
+        out += [
+            (f"attribute {k!r} of a {type(value).__qualname__}", v)
+            for k, v in attributes.items()
+            if k != "__wrapped__"
+        ]
+    return out

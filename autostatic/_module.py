@@ -1,0 +1,90 @@
+"""`AutoModule`: an `eqx.Module` whose static/dynamic split is decided from values."""
+
+import dataclasses
+import re
+from typing import Any
+
+import equinox as eqx
+
+from . import _partition
+from ._compat import (
+    currently_initialising,
+    install_flatten_generator,
+    ModuleMeta,
+    WRAPPER_FIELD_NAMES,
+)
+
+_NOT_INITIALISED = re.compile(r"Field '(\w+)' was not initialized\.")
+
+
+class _AutoModuleMeta(ModuleMeta):
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict, **kwargs):
+        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        # (name, declared eqx.field(static=True)) per dataclass field, in order.
+        cls.__autostatic_fields__ = tuple(
+            (f.name, bool(f.metadata.get("static", False)))
+            for f in dataclasses.fields(cls)
+        )
+        return cls
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        __tracebackhide__ = True
+        try:
+            obj = super().__call__(*args, **kwargs)
+        except TypeError as err:
+            unset = _NOT_INITIALISED.fullmatch(str(err))
+            if unset is None:
+                raise
+            raise TypeError(
+                f"{cls.__qualname__}.{unset[1]} was never set: __init__ must assign "
+                f"self.{unset[1]} (or the field needs a default value)."
+            ) from err
+        _partition.freeze_partition(obj)
+        return obj
+
+
+install_flatten_generator(
+    lambda cls: isinstance(cls, _AutoModuleMeta),
+    lambda cls: (_partition.flatten, _partition.flatten_with_keys, _partition.unflatten),
+)
+
+
+class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
+    """An `eqx.Module` that decides by itself what is static.
+
+    Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
+    most-derived `__init__` has finished (after converters), every leaf of every field
+    is sorted once: arrays (and `jax.ShapeDtypeStruct`s) are pytree children, every
+    other leaf is static aux data, split per leaf inside mixed containers. Lists,
+    dicts and sets are then frozen and the instance is immutable, so plain `jax.jit`,
+    `jax.grad` and `jax.vmap` accept it directly and its key paths are the natural
+    ones (`.layers[0].weight`).
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self in currently_initialising:
+            if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
+                eqx.Module.__setattr__(self, name, value)
+                return
+            raise AttributeError(
+                f"{type(self).__qualname__}.{name} is not a declared field. Declare "
+                f"every attribute in the class body, e.g. `{name}: Any` (an annotation "
+                "is enough; AutoModule works out whether it is static)."
+            )
+        if name == "__orig_class__":  # set by typing on `Module[T]()`; harmless
+            object.__setattr__(self, name, value)
+            return
+        raise dataclasses.FrozenInstanceError(
+            f"cannot assign to {type(self).__qualname__}.{name}: AutoModule instances "
+            "are immutable after __init__. Make a modified copy with "
+            f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(
+            f"cannot delete {type(self).__qualname__}.{name}: AutoModule instances are "
+            "immutable."
+        )
+
+    def __reduce__(self):
+        return (_partition.restore, (type(self), object.__getattribute__(self, "__dict__")))

@@ -1,0 +1,332 @@
+"""The static/dynamic partition of one AutoModule instance, and its flatten/unflatten.
+
+The partition is decided once, when construction ends (`freeze_partition`), and is
+carried in the aux data from then on, so every later flatten only reads it back and
+every unflatten only puts values where it says. Nothing here ever inspects leaves
+after construction: unflattening with `None`s, in_axes ints, shardings or sentinels
+keeps the structure (deciding again at flatten time is what inox abandoned).
+
+Each declared field is one of three kinds, in declaration order:
+
+- dynamic: every leaf of its value is an array (or it has no leaves). The value itself
+  is a pytree child, so key paths are natural: `.layers[0].weight`.
+- static: it has leaves and none is an array. The value rides in the aux data.
+- mixed: both. The child is the value with each non-array leaf wrapped in an empty
+  pytree node (`StaticLeaf`) that carries the leaf in its own aux data; the attribute
+  keeps the plain value. The wrappers travel with their parent nodes through
+  `tree_at`, `make_with_state` and other rewrites of sub-nodes.
+
+Each instance caches `(children, aux)` in its `__dict__`, so flattening is one lookup.
+"""
+
+import warnings
+import weakref
+from typing import Any, Final
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+
+from ._containers import ContainerPath, freeze
+from ._hidden_arrays import find_hidden_array
+
+MISSING: Final = object()
+
+FLAT: Final = "__autostatic_flat__"
+DYNAMIC: Final = 0
+STATIC: Final = 1
+MIXED: Final = 2
+
+_object_getattribute = object.__getattribute__
+_object_setattr = object.__setattr__
+_object_new = object.__new__
+
+
+def is_dynamic_leaf(x: Any) -> bool:
+    """Arrays (jax, numpy, tracers) and `jax.ShapeDtypeStruct` templates are dynamic.
+
+    Treating `ShapeDtypeStruct` as an array, as `eqx.filter_eval_shape` does, gives a
+    hand-built abstract template the same structure as a real instance.
+    """
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+class Layout:
+    """Which field is which kind, shared by every instance of a class with that split."""
+
+    __slots__ = ("cls", "kinds", "dynamic_names", "dynamic_keys", "mixed", "static_names")
+
+    def __init__(self, cls: type, names: tuple[str, ...], kinds: tuple[int, ...]):
+        self.cls = cls
+        self.kinds = kinds
+        self.dynamic_names = tuple(n for n, k in zip(names, kinds) if k != STATIC)
+        self.dynamic_keys = tuple(jtu.GetAttrKey(n) for n in self.dynamic_names)
+        self.mixed = tuple(
+            i
+            for i, k in enumerate(k for k in kinds if k != STATIC)
+            if k == MIXED
+        )
+        self.static_names = tuple(n for n, k in zip(names, kinds) if k == STATIC)
+
+    def __reduce__(self):
+        return (layout_for, (self.cls, self.kinds))
+
+    def __repr__(self) -> str:
+        return (
+            f"Layout({self.cls.__qualname__}, dynamic={self.dynamic_names}, "
+            f"static={self.static_names})"
+        )
+
+
+_layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def layout_for(cls: type, kinds: tuple[int, ...]) -> Layout:
+    per_class = _layouts.setdefault(cls, {})
+    try:
+        return per_class[kinds]
+    except KeyError:
+        names = tuple(name for name, _ in cls.__autostatic_fields__)
+        layout = per_class[kinds] = Layout(cls, names, kinds)
+        return layout
+
+
+def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
+    return TypeError(
+        f"{where}: static values {a!r} and {b!r} cannot be compared with == "
+        f"({type(err).__name__}: {err}). JAX compares static values to decide whether "
+        "a compiled function can be reused. Give the value's type a boolean __eq__, or "
+        "store the data as a jax/numpy array so that it becomes dynamic."
+    )
+
+
+class Aux:
+    """The aux data of an AutoModule node: its layout and its static values.
+
+    JAX hashes a treedef without its aux data and compares aux data with `==`, so
+    equality here decides jit cache hits: same layout and `==` static values.
+    """
+
+    __slots__ = ("layout", "static_values")
+
+    def __init__(self, layout: Layout, static_values: tuple[Any, ...]):
+        self.layout = layout
+        self.static_values = static_values
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Aux or self.layout is not other.layout:
+            return False
+        try:
+            return self.static_values == other.static_values
+        except Exception as err:
+            for name, a, b in zip(
+                self.layout.static_names, self.static_values, other.static_values
+            ):
+                try:
+                    bool(a is b or a == b)
+                except Exception:
+                    where = f"{self.layout.cls.__qualname__}.{name}"
+                    raise _uncomparable(where, a, b, err) from err
+            raise
+
+    def __hash__(self) -> int:
+        return hash(self.layout)
+
+    def __repr__(self) -> str:
+        items = ", ".join(
+            f"{n}={v!r}" for n, v in zip(self.layout.static_names, self.static_values)
+        )
+        return f"Aux({self.layout.cls.__qualname__}: {items})"
+
+
+class StaticLeaf:
+    """A non-array leaf of a mixed field: an empty pytree node carrying the value.
+
+    Its own aux data is the node itself, so unflattening returns the same object and
+    the value stays identical (`is`) through any tree_map.
+    """
+
+    __slots__ = ("value", "where")
+
+    def __init__(self, value: Any, where: str):
+        self.value = value
+        self.where = where
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not StaticLeaf:
+            return False
+        a, b = self.value, other.value
+        try:
+            return bool(a is b or a == b)
+        except Exception as err:
+            raise _uncomparable(self.where, a, b, err) from err
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"StaticLeaf({self.value!r})"
+
+
+jtu.register_pytree_node(StaticLeaf, lambda s: ((), s), lambda s, _: s)
+
+
+def _is_static_leaf(x: Any) -> bool:
+    return type(x) is StaticLeaf
+
+
+def _unwrap(x: Any) -> Any:
+    return x.value if type(x) is StaticLeaf else x
+
+
+def unwrap_static_leaves(child: Any) -> Any:
+    return jtu.tree_map(_unwrap, child, is_leaf=_is_static_leaf)
+
+
+def _warn_hidden(where: str, value: Any) -> None:
+    hidden = find_hidden_array(value)
+    if hidden is not None:
+        warnings.warn(
+            f"{where} holds {hidden}, where AutoModule cannot see it, so it is part of "
+            "a static value: it will be baked into compiled code as a constant, get no "
+            "gradient, and a new one retraces. Store the array as an attribute (or in "
+            "a list/dict/tuple/Module attribute), or use eqx.Partial / "
+            "jax.tree_util.Partial instead of functools.partial or a closure.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _split_field(
+    qualname: str, name: str, value: Any, forced_static: bool, warn: bool
+) -> tuple[int, Any]:
+    """Returns the kind of one field and its child (or its static value)."""
+    where = f"{qualname}.{name}"
+    if is_dynamic_leaf(value):
+        leaves = [value]
+        flags = [True]
+        treedef = None
+    else:
+        leaves, treedef = jtu.tree_flatten(value)
+        flags = [is_dynamic_leaf(leaf) for leaf in leaves]
+    n_dynamic = sum(flags)
+    if forced_static:
+        if n_dynamic:
+            raise TypeError(
+                f"{where} is marked eqx.field(static=True) but holds "
+                f"{n_dynamic} array(s). AutoModule never makes an array static: remove "
+                "static=True (AutoModule makes the non-array parts static by itself), "
+                "or store hashable Python data there instead."
+            )
+        kind = STATIC
+    elif leaves and n_dynamic == 0:
+        kind = STATIC
+    elif n_dynamic == len(leaves):
+        return DYNAMIC, value
+    else:
+        kind = MIXED
+    if kind == STATIC:
+        if warn:
+            _warn_hidden(where, value)
+        return STATIC, value
+    assert treedef is not None
+    paths = None
+    wrapped = []
+    for i, (leaf, flag) in enumerate(zip(leaves, flags)):
+        if flag:
+            wrapped.append(leaf)
+            continue
+        if paths is None:
+            paths = [jtu.keystr(p) for p, _ in jtu.tree_flatten_with_path(value)[0]]
+        leaf_where = where + paths[i]
+        if warn:
+            _warn_hidden(leaf_where, leaf)
+        wrapped.append(StaticLeaf(leaf, leaf_where))
+    return MIXED, jtu.tree_unflatten(treedef, wrapped)
+
+
+def compute_partition(
+    obj: Any, *, freeze_values: bool, warn: bool
+) -> tuple[dict[str, Any], tuple[tuple[Any, ...], Aux]]:
+    """Decides the partition of `obj` from its current field values.
+
+    Returns the (possibly frozen) field values and the `(children, aux)` pair.
+    """
+    cls = type(obj)
+    attrs = _object_getattribute(obj, "__dict__")
+    qualname = cls.__qualname__
+    values: dict[str, Any] = {}
+    kinds = []
+    children = []
+    static_values = []
+    for name, forced_static in cls.__autostatic_fields__:
+        try:
+            value = attrs[name]
+        except KeyError:
+            # Only while __init__ is still running (a provisional flatten); after it,
+            # Equinox has already reported the unset field.
+            value = MISSING
+        if freeze_values:
+            path: ContainerPath = (f"{qualname}.{name}",)
+            value = freeze(value, path)
+        values[name] = value
+        kind, part = _split_field(qualname, name, value, forced_static, warn)
+        kinds.append(kind)
+        (static_values if kind == STATIC else children).append(part)
+    layout = layout_for(cls, tuple(kinds))
+    return values, (tuple(children), Aux(layout, tuple(static_values)))
+
+
+def freeze_partition(obj: Any) -> None:
+    """Decides and stores the partition of a fully constructed AutoModule."""
+    values, flat = compute_partition(obj, freeze_values=True, warn=True)
+    attrs = _object_getattribute(obj, "__dict__")
+    attrs.update(values)
+    attrs[FLAT] = flat
+
+
+def flatten(obj: Any) -> tuple[tuple[Any, ...], Aux]:
+    try:
+        return _object_getattribute(obj, FLAT)
+    except AttributeError:
+        # Flattened from inside its own __init__ or __check_init__: decide provisionally.
+        return compute_partition(obj, freeze_values=False, warn=False)[1]
+
+
+def flatten_with_keys(obj: Any):
+    children, aux = flatten(obj)
+    return tuple(zip(aux.layout.dynamic_keys, children)), aux
+
+
+def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
+    layout = aux.layout
+    attrs = dict(zip(layout.static_names, aux.static_values))
+    if layout.mixed:
+        values = list(children)
+        for i in layout.mixed:
+            values[i] = unwrap_static_leaves(values[i])
+        attrs.update(zip(layout.dynamic_names, values))
+    else:
+        attrs.update(zip(layout.dynamic_names, children))
+    attrs[FLAT] = (tuple(children), aux)
+    obj = _object_new(cls)
+    _object_setattr(obj, "__dict__", attrs)
+    return obj
+
+
+def restore(cls: type, attrs: dict[str, Any]) -> Any:
+    """Rebuilds an instance from its `__dict__` (for copy and pickle)."""
+    obj = _object_new(cls)
+    _object_setattr(obj, "__dict__", dict(attrs))
+    return obj
+
+
+def is_constructed(obj: Any) -> bool:
+    return FLAT in _object_getattribute(obj, "__dict__")
+
