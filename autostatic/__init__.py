@@ -1,5 +1,6 @@
 """autostatic: an `equinox.Module` base class that decides static fields by itself."""
 
 from ._module import AutoModule as AutoModule
+from ._surgery import inference_mode as inference_mode, tree_at as tree_at
 
 __version__ = "0.1.0"

@@ -269,9 +269,12 @@ def compute_partition(
         try:
             value = attrs[name]
         except KeyError:
-            # Only while __init__ is still running (a provisional flatten); after it,
-            # Equinox has already reported the unset field.
-            value = MISSING
+            try:  # A default that a custom __init__ left alone lives on the class.
+                value = _object_getattribute(obj, name)
+            except AttributeError:
+                # Only while __init__ is still running (a provisional flatten); after
+                # it, Equinox has already reported the unset field.
+                value = MISSING
         if freeze_values:
             path: ContainerPath = (f"{qualname}.{name}",)
             value = freeze(value, path)

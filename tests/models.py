@@ -1,0 +1,132 @@
+"""The same models written as AutoModule and as eqx.Module, for side-by-side tests."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import autostatic as asx
+
+
+class AutoLayer(asx.AutoModule):
+    weight: jax.Array
+    bias: jax.Array
+    activation: Callable
+    width: int
+    sizes: list
+
+    def __init__(self, width: int, key: jax.Array, activation: Callable = jax.nn.relu):
+        self.weight = jax.random.normal(key, (width, width))
+        self.bias = jnp.zeros(width)
+        self.activation = activation
+        self.width = width
+        self.sizes = [width, width]
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.activation(self.weight @ x + self.bias)
+
+
+class EqxLayer(eqx.Module):
+    weight: jax.Array
+    bias: jax.Array
+    activation: Callable = eqx.field(static=True)
+    width: int = eqx.field(static=True)
+    sizes: tuple = eqx.field(static=True)
+
+    def __init__(self, width: int, key: jax.Array, activation: Callable = jax.nn.relu):
+        self.weight = jax.random.normal(key, (width, width))
+        self.bias = jnp.zeros(width)
+        self.activation = activation
+        self.width = width
+        self.sizes = (width, width)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.activation(self.weight @ x + self.bias)
+
+
+class AutoMLP(asx.AutoModule):
+    layers: list
+    scale: float
+
+    def __init__(self, depth: int, width: int, key: jax.Array, scale: float = 1.0):
+        self.layers = []
+        for k in jax.random.split(key, depth):
+            self.layers.append(AutoLayer(width, k))
+        self.scale = scale
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers:
+            x = layer(x)
+        return self.scale * x
+
+
+class EqxMLP(eqx.Module):
+    layers: list
+    scale: float = eqx.field(static=True)
+
+    def __init__(self, depth: int, width: int, key: jax.Array, scale: float = 1.0):
+        self.layers = []
+        for k in jax.random.split(key, depth):
+            self.layers.append(EqxLayer(width, k))
+        self.scale = scale
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for layer in self.layers:
+            x = layer(x)
+        return self.scale * x
+
+
+class AutoMixed(asx.AutoModule):
+    """The mixed container of the issue, plus foreign Equinox layers."""
+
+    stuff: list
+    seq: eqx.nn.Sequential
+    blocks: dict
+
+    def __init__(self, key: jax.Array):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.stuff = [
+            eqx.nn.Linear(3, 3, key=k1),
+            jax.nn.relu,
+            3,
+            {"w": jnp.ones(3), "tag": "x"},
+            None,
+        ]
+        self.seq = eqx.nn.Sequential(
+            [eqx.nn.Linear(3, 3, key=k2), eqx.nn.Lambda(jax.nn.gelu)]
+        )
+        self.blocks = {"b": jnp.arange(3.0), "a": [jnp.zeros(2), "name"]}
+
+
+class EqxMixed(eqx.Module):
+    stuff: list
+    seq: eqx.nn.Sequential
+    blocks: dict
+
+    __init__ = AutoMixed.__init__
+
+
+def keystrs(tree: Any) -> list[str]:
+    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def array_keystrs(tree: Any) -> list[str]:
+    return [
+        jax.tree_util.keystr(p)
+        for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+        if eqx.is_array(leaf)
+    ]
+
+
+class TraceCounter:
+    """Wraps a function for jax.jit and counts how often it is traced."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.count = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.count += 1
+        return self.fn(*args, **kwargs)

@@ -1,0 +1,276 @@
+"""Semantics 1, 8, 10: written like eqx.Module, behaves like it, clear misuse errors."""
+
+import abc
+import copy
+import dataclasses
+import pickle
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import autostatic as asx
+from models import AutoMixed, AutoMLP, keystrs
+
+KEY = jax.random.key(0)
+
+
+def test_is_an_eqx_module_and_dataclass_init():
+    class Point(asx.AutoModule):
+        x: jax.Array
+        label: str = "p"
+
+    p = Point(jnp.ones(2))
+    assert isinstance(p, eqx.Module) and dataclasses.is_dataclass(p)
+    assert p.label == "p" and keystrs(p) == [".x"]
+
+
+def test_converter_runs_before_partition():
+    class Scaled(asx.AutoModule):
+        scale: jax.Array = eqx.field(converter=jnp.asarray)
+        name: str = "s"
+
+    s = Scaled(2.0)
+    assert keystrs(s) == [".scale"]  # the converter made it an array, so it is dynamic
+    g = jax.grad(lambda m: m.scale * 3.0)(s)
+    assert g.scale == 3.0
+
+
+def test_check_init_and_post_init():
+    seen = []
+
+    class Checked(asx.AutoModule):
+        w: jax.Array
+        n: int
+
+        def __check_init__(self):
+            seen.append(self.n)
+            if self.n < 0:
+                raise ValueError("n must be >= 0")
+
+    Checked(jnp.ones(1), 2)
+    with pytest.raises(ValueError, match="n must be"):
+        Checked(jnp.ones(1), -1)
+    assert seen == [2, -1]
+
+    class Post(asx.AutoModule):
+        w: jax.Array
+        double: jax.Array = eqx.field(init=False)
+
+        def __post_init__(self):
+            self.double = 2 * self.w
+
+    with pytest.warns(UserWarning, match="init=False"):  # Equinox's own warning
+        p = Post(jnp.ones(2))
+    assert keystrs(p) == [".w", ".double"]
+
+
+def test_inheritance_abstract_methods_and_abstract_var():
+    class Base(asx.AutoModule):
+        width: eqx.AbstractVar[int]
+
+        @abc.abstractmethod
+        def __call__(self, x): ...
+
+    class Child(Base):
+        width: int
+        w: jax.Array
+
+        def __init__(self, width):
+            self.width = width
+            self.w = jnp.ones(width)
+
+        def __call__(self, x):
+            return self.w * x
+
+    class GrandChild(Child):
+        extra: str = "e"
+
+    with pytest.raises(TypeError):
+        Base()
+    c = GrandChild(3)
+    assert isinstance(c, Base) and keystrs(c) == [".w"] and c.extra == "e"
+    assert jax.jit(lambda m, x: m(x))(c, 2.0).shape == (3,)
+
+
+def test_parent_init_does_not_freeze_early():
+    class Parent(asx.AutoModule):
+        layers: list
+        n: int
+
+        def __init__(self, n):
+            self.layers = []
+            self.n = n
+
+    class Child(Parent):
+        def __init__(self):
+            super().__init__(2)
+            self.layers.append(jnp.ones(1))  # still under construction: allowed
+            self.layers.append("tag")
+
+    c = Child()
+    assert keystrs(c) == [".layers[0]"] and c.layers[1] == "tag"
+
+
+def test_eqx_layers_as_children_and_ecosystem_functions():
+    model = AutoMixed(KEY)
+    assert "AutoMixed(" in eqx.tree_pformat(model)
+    params = eqx.filter(model, eqx.is_inexact_array)
+    opt = optax.adam(1e-2)
+    state = opt.init(params)
+
+    def loss(m):
+        return jnp.sum(m.stuff[0](jnp.ones(3))) + jnp.sum(m.seq(jnp.ones(3)))
+
+    grads = jax.grad(loss)(model)
+    updates, state = opt.update(grads, state, params)
+    new = eqx.apply_updates(model, updates)
+    assert type(new) is AutoMixed and new.stuff[1] is jax.nn.relu
+    assert not np.allclose(new.stuff[0].weight, model.stuff[0].weight)
+    moved = eqx.tree_at(lambda m: m.stuff[0].weight, model, jnp.zeros((3, 3)))
+    assert jnp.all(moved.stuff[0].weight == 0) and moved.stuff[1] is jax.nn.relu
+
+
+def test_equality_hash_repr_as_in_equinox():
+    a = AutoMLP(2, 3, KEY)
+    b = AutoMLP(2, 3, KEY)
+    c = AutoMLP(2, 3, jax.random.key(1))
+    assert a == b and not (a == c)
+    assert AutoMLP(2, 3, KEY, scale=2.0) != a
+    with pytest.raises(TypeError):  # arrays are unhashable, as with eqx.Module
+        hash(a)
+
+    class Cfg(asx.AutoModule):
+        n: int
+        name: str
+
+    assert hash(Cfg(1, "a")) == hash(Cfg(1, "a"))
+    assert repr(Cfg(1, "a")).endswith("Cfg(n=1, name='a')")
+
+
+class Inner(asx.AutoModule):
+    w: jax.Array
+    sizes: list
+    name: str
+
+
+class Outer(asx.AutoModule):
+    inners: list
+    config: dict
+    scale: float
+
+    def __init__(self):
+        self.inners = [Inner(jnp.ones(2), [2, 2], "a"), Inner(jnp.zeros(2), [1], "b")]
+        self.config = {"depth": 2, "bias": jnp.arange(2.0)}
+        self.scale = 0.5
+
+    def __call__(self, x):
+        for inner in self.inners:
+            x = inner.w * x + self.config["bias"]
+        return self.scale * x
+
+
+@pytest.mark.parametrize(
+    "roundtrip",
+    [copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
+    ids=["copy", "deepcopy", "pickle"],
+)
+def test_copy_deepcopy_pickle_keep_partition(roundtrip):
+    model = Outer()
+    other = roundtrip(model)
+    assert type(other) is Outer
+    assert jax.tree_util.tree_structure(other) == jax.tree_util.tree_structure(model)
+    assert eqx.tree_equal(other, model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        other.scale = 1.0
+    with pytest.raises(TypeError, match="cannot be modified"):
+        other.inners.append(1)
+    with pytest.raises(TypeError, match=r"Inner\.sizes cannot be modified"):
+        other.inners[0].sizes.append(1)
+    f = jax.jit(lambda m, x: m(x))
+    np.testing.assert_allclose(f(other, jnp.ones(2)), f(model, jnp.ones(2)))
+
+
+def test_immutable_after_init_with_clear_errors():
+    model = AutoMLP(1, 2, KEY)
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"AutoMLP\.scale.*tree_at"):
+        model.scale = 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"AutoMLP\.scale"):
+        del model.scale
+
+
+def test_undeclared_attribute_error_names_class_and_attribute():
+    class Forgot(asx.AutoModule):
+        w: jax.Array
+
+        def __init__(self):
+            self.w = jnp.ones(1)
+            self.hidden = 3
+
+    with pytest.raises(AttributeError, match=r"Forgot\.hidden is not a declared field.*hidden: Any"):
+        Forgot()
+
+
+def test_field_never_set_error_names_class_and_attribute():
+    class Unset(asx.AutoModule):
+        w: jax.Array
+        n: int
+
+        def __init__(self):
+            self.w = jnp.ones(1)
+
+    with pytest.raises(TypeError, match=r"Unset\.n was never set"):
+        Unset()
+
+
+def test_flatten_inside_init_and_check_init():
+    flat_counts = []
+
+    class Selfish(asx.AutoModule):
+        w: jax.Array
+        n: int
+
+        def __init__(self):
+            self.w = jnp.ones(2)
+            self.n = 2
+            flat_counts.append(len(jax.tree_util.tree_leaves(self)))
+
+        def __check_init__(self):
+            flat_counts.append(len(jax.tree_util.tree_leaves(self)))
+
+    s = Selfish()
+    assert flat_counts == [1, 1] and keystrs(s) == [".w"]
+
+
+def test_uncomparable_static_value_error_names_attribute():
+    class Weird:
+        def __eq__(self, other):
+            raise RuntimeError("no comparison")
+
+        __hash__ = object.__hash__
+
+    class Holder(asx.AutoModule):
+        w: jax.Array
+        weird: object
+
+    f = jax.jit(lambda m: m.w + 1)
+    f(Holder(jnp.ones(1), Weird()))
+    with pytest.raises(Exception) as info:
+        f(Holder(jnp.ones(1), Weird()))
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(str(err))
+        err = err.__cause__ or err.__context__
+    assert any("Holder.weird" in message for message in chain)
+
+
+def test_frozen_containers_pickle_and_compare_like_builtins():
+    model = Outer()
+    assert model.inners[0].sizes == [2, 2] and model.config["depth"] == 2
+    again = pickle.loads(pickle.dumps(model))
+    assert again.config["depth"] == 2 and isinstance(again.config, dict)
+    with pytest.raises(TypeError, match=r"Outer\.config cannot be modified"):
+        again.config["depth"] = 3

@@ -1,0 +1,193 @@
+"""Semantics 2-4: the per-leaf partition, frozen at the end of __init__, natural paths."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autostatic as asx
+from models import (
+    array_keystrs,
+    AutoMixed,
+    AutoMLP,
+    EqxMixed,
+    EqxMLP,
+    keystrs,
+)
+
+KEY = jax.random.key(0)
+
+
+def test_leaves_are_arrays_only():
+    for model in (AutoMLP(3, 4, KEY), AutoMixed(KEY)):
+        leaves = jax.tree_util.tree_leaves(model)
+        assert leaves and all(eqx.is_array(x) for x in leaves)
+
+
+@pytest.mark.parametrize("auto_cls, eqx_cls", [(AutoMLP, EqxMLP), (AutoMixed, EqxMixed)])
+def test_key_paths_and_leaves_match_eqx(auto_cls, eqx_cls):
+    args = (3, 4, KEY) if auto_cls is AutoMLP else (KEY,)
+    auto, ref = auto_cls(*args), eqx_cls(*args)
+    assert keystrs(auto) == array_keystrs(ref)
+    auto_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(auto)[0]]
+    ref_paths = [
+        p for p, x in jax.tree_util.tree_flatten_with_path(ref)[0] if eqx.is_array(x)
+    ]
+    assert auto_paths == ref_paths
+    ref_arrays = jax.tree_util.tree_leaves(eqx.filter(ref, eqx.is_array))
+    assert len(jax.tree_util.tree_leaves(auto)) == len(ref_arrays)
+    for a, b in zip(jax.tree_util.tree_leaves(auto), ref_arrays):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_mixed_container_split_per_leaf():
+    model = AutoMixed(KEY)
+    assert keystrs(model) == [
+        ".stuff[0].weight",
+        ".stuff[0].bias",
+        ".stuff[3]['w']",
+        ".seq.layers[0].weight",
+        ".seq.layers[0].bias",
+        ".blocks['a'][0]",
+        ".blocks['b']",
+    ]
+    # Attribute access gives the real values back, not wrappers.
+    assert model.stuff[1] is jax.nn.relu
+    assert model.stuff[2] == 3 and model.stuff[3]["tag"] == "x" and model.stuff[4] is None
+    assert model.seq.layers[1].fn is jax.nn.gelu
+    assert model.blocks["a"][1] == "name"
+
+
+def test_tree_map_keeps_static_values_identical():
+    model = AutoMixed(KEY)
+    doubled = jax.tree_util.tree_map(lambda x: 2 * x, model)
+    assert type(doubled) is AutoMixed
+    assert doubled.stuff[1] is model.stuff[1]
+    assert doubled.seq.layers[1].fn is model.seq.layers[1].fn
+    np.testing.assert_array_equal(doubled.stuff[3]["w"], 2 * model.stuff[3]["w"])
+    mlp = AutoMLP(2, 3, KEY, scale=0.5)
+    mlp2 = jax.tree_util.tree_map(lambda x: x + 1, mlp)
+    assert mlp2.layers[0].activation is mlp.layers[0].activation
+    assert mlp2.layers[1].sizes is mlp.layers[1].sizes
+    assert mlp2.scale == 0.5
+
+
+@pytest.mark.parametrize(
+    "make_leaf",
+    [
+        lambda x: None,
+        lambda x: 0,
+        lambda x: object(),
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+        lambda x: jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+        lambda x: "a string",
+    ],
+    ids=["None", "int", "object", "ShapeDtypeStruct", "sharding", "str"],
+)
+def test_unflatten_with_arbitrary_leaves_keeps_structure(make_leaf):
+    model = AutoMixed(KEY)
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    other = jax.tree_util.tree_map(make_leaf, model)
+    if make_leaf(leaves[0]) is None:  # None is an empty subtree, not a leaf
+        assert jax.tree_util.tree_leaves(other) == []
+        assert keystrs(eqx.combine(other, model)) == keystrs(model)
+    else:
+        assert jax.tree_util.tree_structure(other) == treedef
+        assert len(jax.tree_util.tree_leaves(other)) == len(leaves)
+    # Static values are untouched whatever the leaves are.
+    assert other.stuff[1] is jax.nn.relu and other.blocks["a"][1] == "name"
+
+
+def test_eqx_partition_combine_roundtrip():
+    model = AutoMixed(KEY)
+    params, rest = eqx.partition(model, eqx.is_inexact_array)
+    assert jax.tree_util.tree_leaves(rest) == []
+    again = eqx.combine(params, rest)
+    assert eqx.tree_equal(again, model)
+    assert again.stuff[1] is jax.nn.relu
+
+
+def test_vmap_in_axes_spec_from_tree_map():
+    model = AutoMLP(2, 3, KEY)
+    stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x, x + 1]), model)
+    in_axes = jax.tree_util.tree_map(lambda _: 0, model)
+    out = jax.vmap(lambda m, x: m(x), in_axes=(in_axes, None))(stacked, jnp.ones(3))
+    assert out.shape == (2, 3)
+
+
+def test_list_append_in_init_then_frozen():
+    model = AutoMLP(3, 2, KEY)
+    assert isinstance(model.layers, list) and len(model.layers) == 3
+    with pytest.raises(TypeError, match=r"AutoMLP\.layers cannot be modified"):
+        model.layers.append(model.layers[0])
+    with pytest.raises(TypeError, match=r"AutoLayer\.sizes cannot be modified"):
+        model.layers[0].sizes[0] = 5
+    mixed = AutoMixed(KEY)
+    with pytest.raises(TypeError, match=r"AutoMixed\.stuff\[3\] cannot be modified"):
+        mixed.stuff[3]["tag"] = "y"
+    with pytest.raises(TypeError, match=r"AutoMixed\.blocks cannot be modified"):
+        mixed.blocks.pop("a")
+    # Still behaves as a list/dict for reading.
+    assert model.layers[0].sizes == [2, 2] and model.layers[0].sizes + [1] == [2, 2, 1]
+    assert len(jax.tree_util.tree_leaves(model)) == 6
+
+
+def test_partition_is_not_recomputed_on_flatten():
+    model = AutoMLP(2, 3, KEY)
+    _, treedef = jax.tree_util.tree_flatten(model)
+    # Unflatten with non-array leaves, then flatten again: same structure.
+    odd = jax.tree_util.tree_unflatten(treedef, ["x"] * treedef.num_leaves)
+    assert jax.tree_util.tree_structure(odd) == treedef
+    assert jax.tree_util.tree_leaves(odd) == ["x"] * treedef.num_leaves
+
+
+def test_shape_dtype_struct_templates_match_real_instances():
+    model = AutoMLP(2, 3, KEY)
+    abstract = eqx.filter_eval_shape(AutoMLP, 2, 3, KEY)
+    assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(model)
+    assert all(
+        isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(abstract)
+    )
+    by_jax = jax.eval_shape(lambda: AutoMLP(2, 3, KEY))
+    assert jax.tree_util.tree_structure(by_jax) == jax.tree_util.tree_structure(model)
+
+    class Holder(asx.AutoModule):
+        w: object
+        n: int
+
+    real = Holder(jnp.zeros(2), 3)
+    hand_built = Holder(jax.ShapeDtypeStruct((2,), jnp.float32), 3)
+    assert jax.tree_util.tree_structure(real) == jax.tree_util.tree_structure(hand_built)
+
+
+def test_numpy_arrays_and_scalars_are_dynamic_python_scalars_static():
+    class M(asx.AutoModule):
+        a: object
+        b: object
+        c: object
+        d: object
+
+    m = M(np.ones(2), np.float32(1.0), 1.0, True)
+    assert keystrs(m) == [".a", ".b"]
+
+
+def test_construct_inside_jit_from_tracers():
+    @jax.jit
+    def build(w):
+        layer = asx.tree_at(lambda m: m.weight, AutoMLP(1, 2, KEY).layers[0], w)
+        return layer(jnp.ones(2)), AutoMLP(1, 2, KEY).layers[0].weight * w
+
+    out, _ = build(jnp.eye(2))
+    assert out.shape == (2,)
+
+    class Affine(asx.AutoModule):
+        w: jax.Array
+        name: str
+
+    @jax.jit
+    def make(w):
+        return Affine(w * 2, "aff")
+
+    made = make(jnp.ones(2))
+    assert made.name == "aff" and keystrs(made) == [".w"]
