@@ -1,0 +1,79 @@
+"""Semantics 7: an array is never static; hidden arrays are reported by attribute path."""
+
+import functools as ft
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autostatic as asx
+from models import keystrs
+
+
+class Holder(asx.AutoModule):
+    w: jax.Array
+    thing: object
+
+
+def test_static_true_on_an_array_is_an_error_naming_the_field():
+    class Marked(asx.AutoModule):
+        w: jax.Array = eqx.field(static=True)
+
+    with pytest.raises(TypeError, match=r"Marked\.w is marked eqx.field\(static=True\) but holds 1 array"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Equinox warns first
+            Marked(jnp.ones(2))
+
+
+def test_static_true_on_non_arrays_is_honoured():
+    class Marked(asx.AutoModule):
+        w: jax.Array
+        n: int = eqx.field(static=True)
+
+    assert keystrs(Marked(jnp.ones(2), 3)) == [".w"]
+
+
+def test_arrays_in_containers_are_never_static():
+    m = Holder(jnp.ones(1), {"a": (np.zeros(2), "s"), "b": [jnp.ones(3), 1.0]})
+    assert keystrs(m) == [".w", ".thing['a'][0]", ".thing['b'][0]"]
+
+
+@pytest.mark.parametrize(
+    "make, where",
+    [
+        (lambda w: ft.partial(lambda x, y: x * y, w), r"Holder\.thing holds an array in argument 0 of a functools.partial"),
+        (lambda w: (lambda x: x * w), r"Holder\.thing holds an array in closure variable 'w'"),
+        (lambda w: jax.jit(lambda x: x * w), r"Holder\.thing holds an array in closure variable 'w'"),
+        (lambda w: [1, ft.partial(jnp.add, w)], r"Holder\.thing holds an array .* in element 1"),
+        (lambda w: [w, ft.partial(jnp.add, w)], r"Holder\.thing\[1\] holds an array"),
+    ],
+    ids=["partial", "closure", "jitted", "in-static-list", "in-mixed-list"],
+)
+def test_hidden_arrays_warn_with_the_attribute_path(make, where):
+    with pytest.warns(UserWarning, match=where):
+        Holder(jnp.ones(1), make(jnp.ones(2)))
+
+
+def test_hidden_array_in_opaque_object_warns():
+    class Opaque:
+        def __init__(self, table):
+            self.table = table
+
+    with pytest.warns(UserWarning, match=r"attribute 'table' of a .*Opaque"):
+        Holder(jnp.ones(1), Opaque(np.ones(3)))
+
+
+def test_no_warning_for_ordinary_static_values():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Holder(jnp.ones(1), [jax.nn.relu, jnp.tanh, ft.partial(jnp.sum, axis=0), "x", 3])
+        Holder(jnp.ones(1), eqx.nn.Lambda(jax.nn.gelu))
+
+
+def test_eqx_partial_keeps_its_arrays_dynamic():
+    m = Holder(jnp.ones(1), eqx.Partial(jnp.add, jnp.ones(2)))
+    assert keystrs(m) == [".w", ".thing.args[0]"]
+    np.testing.assert_allclose(jax.jit(lambda m: m.thing(1.0))(m), 2.0)
