@@ -14,6 +14,7 @@ from ._compat import (
     WRAPPER_FIELD_NAMES,
 )
 
+_NOTHING = object()
 _NOT_INITIALISED = re.compile(r"Field '(\w+)' was not initialized\.")
 
 
@@ -21,10 +22,19 @@ class _AutoModuleMeta(ModuleMeta):
     def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict, **kwargs):
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         # (name, declared eqx.field(static=True)) per dataclass field, in order.
+        fields = dataclasses.fields(cls)
         cls.__autostatic_fields__ = tuple(
-            (f.name, bool(f.metadata.get("static", False)))
-            for f in dataclasses.fields(cls)
+            (f.name, bool(f.metadata.get("static", False))) for f in fields
         )
+        # Unflattened instances fill their attributes in lazily (`__getattr__`), so
+        # a class attribute must not shadow a field: dataclass defaults move here.
+        defaults = {}
+        for f in fields:
+            if f.default is not dataclasses.MISSING:
+                defaults[f.name] = f.default
+                if cls.__dict__.get(f.name, _NOTHING) is f.default:
+                    delattr(cls, f.name)
+        cls.__autostatic_defaults__ = defaults
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any):
@@ -61,6 +71,8 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
     ones (`.layers[0].weight`).
     """
 
+    __slots__ = (_partition.FLAT,)
+
     def __setattr__(self, name: str, value: Any) -> None:
         if self in currently_initialising:
             if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
@@ -80,6 +92,21 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
             f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
         )
 
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when normal lookup fails: a lazily unflattened instance, or
+        # a field with a default that a custom __init__ did not set.
+        attrs = _partition.materialise(self)
+        try:
+            return attrs[name]
+        except KeyError:
+            pass
+        try:
+            return type(self).__autostatic_defaults__[name]
+        except KeyError:
+            raise AttributeError(
+                f"{type(self).__qualname__!r} object has no attribute {name!r}"
+            ) from None
+
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(
             f"cannot delete {type(self).__qualname__}.{name}: AutoModule instances are "
@@ -87,4 +114,7 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
         )
 
     def __reduce__(self):
-        return (_partition.restore, (type(self), object.__getattribute__(self, "__dict__")))
+        return _partition.reduce(self)
+
+
+_partition.bind_slot(AutoModule.__dict__[_partition.FLAT])

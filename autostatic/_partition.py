@@ -16,7 +16,9 @@ Each declared field is one of three kinds, in declaration order:
   keeps the plain value. The wrappers travel with their parent nodes through
   `tree_at`, `make_with_state` and other rewrites of sub-nodes.
 
-Each instance caches `(children, aux)` in its `__dict__`, so flattening is one lookup.
+Each instance keeps `(children, aux)` in a slot, so flattening is one slot read, and
+unflattening only creates the instance and fills that slot; the attributes are filled in
+from it on first access (`materialise`).
 """
 
 import warnings
@@ -32,7 +34,7 @@ from ._hidden_arrays import find_hidden_array
 
 MISSING: Final = object()
 
-FLAT: Final = "__autostatic_flat__"
+FLAT: Final = "__autostatic_flat__"  # the name of the slot on AutoModule
 DYNAMIC: Final = 0
 STATIC: Final = 1
 MIXED: Final = 2
@@ -269,12 +271,9 @@ def compute_partition(
         try:
             value = attrs[name]
         except KeyError:
-            try:  # A default that a custom __init__ left alone lives on the class.
-                value = _object_getattribute(obj, name)
-            except AttributeError:
-                # Only while __init__ is still running (a provisional flatten); after
-                # it, Equinox has already reported the unset field.
-                value = MISSING
+            # A default that a custom __init__ left alone, or, while __init__ is
+            # still running (a provisional flatten), a field not yet set.
+            value = cls.__autostatic_defaults__.get(name, MISSING)
         if freeze_values:
             path: ContainerPath = (f"{qualname}.{name}",)
             value = freeze(value, path)
@@ -286,17 +285,25 @@ def compute_partition(
     return values, (tuple(children), Aux(layout, tuple(static_values)))
 
 
+_get_flat: Any = None  # the slot's descriptor methods, bound by `bind_slot`
+_set_flat: Any = None
+
+
+def bind_slot(slot: Any) -> None:
+    global _get_flat, _set_flat
+    _get_flat, _set_flat = slot.__get__, slot.__set__
+
+
 def freeze_partition(obj: Any) -> None:
     """Decides and stores the partition of a fully constructed AutoModule."""
     values, flat = compute_partition(obj, freeze_values=True, warn=True)
-    attrs = _object_getattribute(obj, "__dict__")
-    attrs.update(values)
-    attrs[FLAT] = flat
+    _object_getattribute(obj, "__dict__").update(values)
+    _set_flat(obj, flat)
 
 
 def flatten(obj: Any) -> tuple[tuple[Any, ...], Aux]:
     try:
-        return _object_getattribute(obj, FLAT)
+        return _get_flat(obj)
     except AttributeError:
         # Flattened from inside its own __init__ or __check_init__: decide provisionally.
         return compute_partition(obj, freeze_values=False, warn=False)[1]
@@ -308,28 +315,42 @@ def flatten_with_keys(obj: Any):
 
 
 def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
-    layout = aux.layout
-    attrs = dict(zip(layout.static_names, aux.static_values))
-    if layout.mixed:
-        values = list(children)
-        for i in layout.mixed:
-            values[i] = unwrap_static_leaves(values[i])
-        attrs.update(zip(layout.dynamic_names, values))
-    else:
-        attrs.update(zip(layout.dynamic_names, children))
-    attrs[FLAT] = (tuple(children), aux)
+    # Lazy: the attributes are filled in from `(children, aux)` on first access
+    # (`materialise`), because unflattening runs once per node of every tree_map, and
+    # intermediate trees (gradients, optimiser updates, in_axes specs) are mostly
+    # never looked into.
     obj = _object_new(cls)
-    _object_setattr(obj, "__dict__", attrs)
+    _set_flat(obj, (children, aux))
     return obj
 
 
-def restore(cls: type, attrs: dict[str, Any]) -> Any:
-    """Rebuilds an instance from its `__dict__` (for copy and pickle)."""
+def materialise(obj: Any) -> dict[str, Any]:
+    """Returns the `__dict__` of `obj` with every field filled in."""
+    attrs = _object_getattribute(obj, "__dict__")
+    if not attrs:
+        try:
+            children, aux = _get_flat(obj)
+        except AttributeError:  # still in __init__, before anything was assigned
+            return attrs
+        layout = aux.layout
+        attrs.update(zip(layout.static_names, aux.static_values))
+        if layout.mixed:
+            values = list(children)
+            for i in layout.mixed:
+                values[i] = unwrap_static_leaves(values[i])
+            attrs.update(zip(layout.dynamic_names, values))
+        else:
+            attrs.update(zip(layout.dynamic_names, children))
+    return attrs
+
+
+def reduce(obj: Any) -> tuple[Any, ...]:
+    """`__reduce__` for copy and pickle: the class, the fields and the partition."""
+    return (restore, (type(obj), dict(materialise(obj)), _get_flat(obj)))
+
+
+def restore(cls: type, attrs: dict[str, Any], flat: tuple[tuple[Any, ...], Aux]) -> Any:
     obj = _object_new(cls)
-    _object_setattr(obj, "__dict__", dict(attrs))
+    _object_getattribute(obj, "__dict__").update(attrs)
+    _set_flat(obj, flat)
     return obj
-
-
-def is_constructed(obj: Any) -> bool:
-    return FLAT in _object_getattribute(obj, "__dict__")
-

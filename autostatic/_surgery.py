@@ -39,7 +39,7 @@ def expose(tree: Any) -> Any:
     def expose_module(module: Any) -> Any:
         cls = type(module)
         names = _field_values(module)
-        attrs = object.__getattribute__(module, "__dict__")
+        attrs = _partition.materialise(module)
         values = tuple(_map_modules(expose_module, attrs[n]) for n in names)
         everything_dynamic = (_partition.DYNAMIC,) * len(names)
         aux = _partition.Aux(_partition.layout_for(cls, everything_dynamic), ())
@@ -53,9 +53,11 @@ def refreeze(tree: Any) -> Any:
 
     def refreeze_module(module: Any) -> Any:
         cls = type(module)
-        attrs = object.__getattribute__(module, "__dict__")
-        values = {n: _map_modules(refreeze_module, attrs[n]) for n in _field_values(module)}
-        fresh = _partition.restore(cls, values)
+        attrs = _partition.materialise(module)
+        fresh = object.__new__(cls)
+        object.__getattribute__(fresh, "__dict__").update(
+            (n, _map_modules(refreeze_module, attrs[n])) for n in _field_values(module)
+        )
         _partition.freeze_partition(fresh)
         return fresh
 

@@ -274,3 +274,29 @@ def test_frozen_containers_pickle_and_compare_like_builtins():
     assert again.config["depth"] == 2 and isinstance(again.config, dict)
     with pytest.raises(TypeError, match=r"Outer\.config cannot be modified"):
         again.config["depth"] = 3
+
+
+def test_reading_an_unset_field_in_init_raises_attribute_error():
+    class Early(asx.AutoModule):
+        w: jax.Array
+        n: int = 3
+
+        def __init__(self):
+            assert self.n == 3  # the default, as with a dataclass
+            with pytest.raises(AttributeError, match="'w'"):
+                self.w
+            self.w = jnp.ones(1)
+
+    assert Early().n == 3
+
+
+def test_unflattened_instances_read_their_own_values_not_defaults():
+    class WithDefault(asx.AutoModule):
+        w: jax.Array
+        label: str = "default"
+
+    m = WithDefault(jnp.ones(1), "mine")
+    again = jax.tree_util.tree_map(lambda x: x + 1, m)
+    assert again.label == "mine" and again.w == 2
+    assert WithDefault(jnp.ones(1)).label == "default"
+    assert "label" not in vars(WithDefault)  # moved out of the class namespace
