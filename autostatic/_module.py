@@ -6,7 +6,9 @@ from typing import Any
 
 import equinox as eqx
 
-from . import _partition
+import jax.tree_util as jtu
+
+from . import _bound_method, _partition
 from ._compat import (
     currently_initialising,
     install_flatten_generator,
@@ -35,6 +37,9 @@ class _AutoModuleMeta(ModuleMeta):
                 if cls.__dict__.get(f.name, _NOTHING) is f.default:
                     delattr(cls, f.name)
         cls.__autostatic_defaults__ = defaults
+        for attr, value in namespace.items():
+            if attr not in defaults and _bound_method.wraps_as_method(attr, value):
+                setattr(cls, attr, _bound_method.MethodDescriptor(value, attr))
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any):
@@ -71,7 +76,33 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
     ones (`.layers[0].weight`).
     """
 
-    __slots__ = (_partition.FLAT,)
+    __slots__ = (_partition.FLAT, _bound_method._METHODS)
+
+    # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's
+    # Python-level `__getattribute__` (which wraps bound methods on every access) is
+    # not needed; plain attribute lookup is several times faster.
+    __getattribute__ = object.__getattribute__
+
+    def __hash__(self) -> int:
+        leaves, treedef = jtu.tree_flatten(self)
+        return hash((treedef, tuple(map(id, leaves))))
+
+    def __eq__(self, other: object) -> bool:
+        """Same class, equal static values and the very same array objects.
+
+        Unlike `eqx.Module.__eq__` (numeric `eqx.tree_equal`), this never returns a
+        traced value and never equates two modules holding different arrays, which is
+        what JAX's trace caches need. For numeric equality use `eqx.tree_equal`.
+        """
+        if self is other:
+            return True
+        if type(other) is not type(self):
+            return False
+        leaves, treedef = jtu.tree_flatten(self)
+        other_leaves, other_treedef = jtu.tree_flatten(other)
+        return treedef == other_treedef and all(
+            a is b for a, b in zip(leaves, other_leaves)
+        )
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self in currently_initialising:
@@ -118,3 +149,4 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
 
 
 _partition.bind_slot(AutoModule.__dict__[_partition.FLAT])
+_bound_method.bind_slot(AutoModule.__dict__[_bound_method._METHODS])

@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import autostatic as asx
-from models import AutoMixed, AutoMLP, keystrs
+from models import AutoMixed, AutoMLP, EqxMLP, keystrs
 
 KEY = jax.random.key(0)
 
@@ -134,21 +134,46 @@ def test_eqx_layers_as_children_and_ecosystem_functions():
     assert jnp.all(moved.stuff[0].weight == 0) and moved.stuff[1] is jax.nn.relu
 
 
-def test_equality_hash_repr_as_in_equinox():
+def test_equality_and_hash_by_static_values_and_array_identity():
     a = AutoMLP(2, 3, KEY)
+    same_arrays = jax.tree_util.tree_map(lambda x: x, a)
+    assert a == same_arrays and hash(a) == hash(same_arrays)
+    # Equal numbers in other arrays: numerically equal (eqx.tree_equal), but not `==`:
+    # a trace cached for one module's arrays must never serve another's.
     b = AutoMLP(2, 3, KEY)
-    c = AutoMLP(2, 3, jax.random.key(1))
-    assert a == b and not (a == c)
-    assert AutoMLP(2, 3, KEY, scale=2.0) != a
-    with pytest.raises(TypeError):  # arrays are unhashable, as with eqx.Module
-        hash(a)
+    assert eqx.tree_equal(a, b) and a != b
+    assert asx.tree_at(lambda m: m.scale, a, 2.0) != a
+    assert {a: 1}[same_arrays] == 1  # hashable, although it holds arrays
+
+    @jax.jit
+    def under_trace(m):
+        assert m == m and hash(m) == hash(m)  # tracers: a bool, never an error
+        return m.layers[0].bias
+
+    under_trace(a)
 
     class Cfg(asx.AutoModule):
         n: int
         name: str
 
-    assert hash(Cfg(1, "a")) == hash(Cfg(1, "a"))
+    assert Cfg(1, "a") == Cfg(1, "a") and hash(Cfg(1, "a")) == hash(Cfg(1, "a"))
+    assert Cfg(1, "a") != Cfg(2, "a")
+
+
+def test_repr_as_in_equinox():
+    class Cfg(asx.AutoModule):
+        n: int
+        name: str
+
+    class EqxCfg(eqx.Module):
+        n: int
+        name: str
+
     assert repr(Cfg(1, "a")).endswith("Cfg(n=1, name='a')")
+    assert repr(Cfg(1, "a")).replace("Cfg(", "EqxCfg(") == repr(EqxCfg(1, "a"))
+    assert eqx.tree_pformat(AutoMLP(1, 2, KEY)).replace("Auto", "Eqx").replace(
+        "sizes=[2, 2]", "sizes=(2, 2)"
+    ) == eqx.tree_pformat(EqxMLP(1, 2, KEY))
 
 
 class Inner(asx.AutoModule):

@@ -1,0 +1,18 @@
+"""Benchmarks: `autostatic.AutoModule` against Equinox and plain-pytree floors.
+
+Run with `python -m benchmarks [--quick | --full | --smoke] [--out DIR] [--sizes 4,32,256]`.
+
+Modules:
+
+- `models`: the same MLP / transformer / mixed-container models in every implementation
+  (`autostatic`, `eqx-static`, `eqx-filter`, `dataclass`, `dict`), built from one set of
+  arrays, plus the jit variants each implementation is called with.
+- `timing`: the interleaved timing harness (timeit-style batches, gc off, every cell in a
+  reshuffled order every round, ratios paired per round) and small statistics helpers.
+- `scenarios`: what is measured: pytree operations, dispatch, async dispatch, retracing,
+  time to first call, training-step throughput.
+- `report`: tables, targets (MET / MISSED), `results.json` and PNG plots.
+- `runner`: the command line (`main(argv)`), also used in-process by the smoke test.
+- `test_bench`: a few pytest-benchmark tests (`python -m pytest benchmarks/test_bench.py
+  --benchmark-only`).
+"""

@@ -1,0 +1,523 @@
+"""The benchmarked models, in every implementation, built from the same arrays.
+
+Three model families:
+
+- `mlp`: N layers, each `weight f32[8,8]`, `bias f32[8]`, `activation=jax.nn.relu`,
+  `width=8` (int), `sizes=[8, 8]` (list of ints); the MLP has a `scale: float`.
+- `transformer`: pre-norm blocks (layer norm, multi-head attention, feed-forward with
+  `jax.nn.gelu`, a float dropout rate), a final layer norm.
+- `mixed`: one attribute holding a mixed container,
+  `parts = [Linear, jax.nn.relu, 3, {"w": array, "tag": "x"}]`.
+
+Implementations (`IMPLS`):
+
+- `autostatic`: `AutoModule` subclasses written as a user would, plain annotations and
+  no field markers (the classes below).
+- `eqx-static`: `eqx.Module` twins with every non-array field `eqx.field(static=True)`
+  (lists of ints as tuples). A mixed container cannot be a static field (it holds
+  arrays), so its non-array items are wrapped in a `Box` module with one static field,
+  which is what an Equinox user has to do for plain `jax.jit`.
+- `eqx-filter`: `eqx.Module` twins with no markers (what users usually write); it needs
+  `eqx.filter_jit`, plain `jax.jit` rejects the function/int leaves.
+- `dataclass`: frozen dataclasses registered with `jax.tree_util.register_dataclass`,
+  non-array fields as meta fields (a floor: flatten runs in C++).
+- `dict`: the arrays in plain dicts/lists (the physical floor); the non-array data is held
+  outside the pytree and closed over by the jitted function, as hand-written JAX does.
+
+The twins are generated from the AutoModule classes' annotations (`_twin`), so every
+implementation has the same fields in the same order; only the static markers differ.
+Every forward function is written once, with attribute access; the `dict` floor sees an
+attribute view of `params` merged with its closed-over config (`merge`), built only at
+trace time so it costs nothing per call.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+try:
+    import autostatic as asx
+
+    AUTOSTATIC_ERROR: str | None = None
+except Exception as err:  # noqa: BLE001 - the runner reports it and goes on
+    asx = None
+    AUTOSTATIC_ERROR = f"{type(err).__name__}: {err}"
+
+IMPLS: tuple[str, ...] = ("autostatic", "eqx-static", "eqx-filter", "dataclass", "dict")
+JAX_JIT = "jax.jit"
+FILTER_JIT = "eqx.filter_jit"
+# Every (implementation, jit) pair that is measured. `eqx-filter` + `jax.jit` is kept so
+# that its failure is recorded; `autostatic` + `eqx.filter_jit` shows what a user who
+# keeps their Equinox call sites gets.
+VARIANTS: tuple[tuple[str, str], ...] = (
+    ("autostatic", JAX_JIT),
+    ("autostatic", FILTER_JIT),
+    ("eqx-static", JAX_JIT),
+    ("eqx-static", FILTER_JIT),
+    ("eqx-filter", FILTER_JIT),
+    ("eqx-filter", JAX_JIT),
+    ("dataclass", JAX_JIT),
+    ("dict", JAX_JIT),
+)
+
+
+def variant_name(impl: str, jit: str) -> str:
+    return f"{impl} / {jit}"
+
+
+# --------------------------------------------------------------------------------------
+# AutoModule classes, written as a user would. The base class is looked up lazily so an
+# autostatic that fails to import is reported instead of breaking every benchmark.
+# --------------------------------------------------------------------------------------
+
+_AutoBase: type = asx.AutoModule if asx is not None else eqx.Module
+
+
+class Layer(_AutoBase):
+    weight: jax.Array
+    bias: jax.Array
+    activation: Callable
+    width: int
+    sizes: list
+
+
+class MLP(_AutoBase):
+    layers: list
+    scale: float
+
+
+class LayerNorm(_AutoBase):
+    gamma: jax.Array
+    beta: jax.Array
+    eps: float
+
+
+class Attention(_AutoBase):
+    wq: jax.Array
+    wk: jax.Array
+    wv: jax.Array
+    wo: jax.Array
+    num_heads: int
+
+
+class FeedForward(_AutoBase):
+    w1: jax.Array
+    b1: jax.Array
+    w2: jax.Array
+    b2: jax.Array
+    activation: Callable
+
+
+class Block(_AutoBase):
+    ln1: LayerNorm
+    attn: Attention
+    ln2: LayerNorm
+    ff: FeedForward
+    dropout: float
+
+
+class Transformer(_AutoBase):
+    blocks: list
+    ln_f: LayerNorm
+
+
+class Linear(_AutoBase):
+    weight: jax.Array
+    bias: jax.Array
+
+
+class Mixed(_AutoBase):
+    parts: list
+
+
+class Box(_AutoBase):
+    """Only the `eqx-static` and `dataclass` twins are used: a static wrapper."""
+
+    value: Any
+
+
+# The non-array fields of each class: static markers for eqx-static, meta fields for the
+# dataclass floor. AutoModule never reads this; it decides from the values.
+STATIC_FIELDS: dict[str, tuple[str, ...]] = {
+    "Layer": ("activation", "width", "sizes"),
+    "MLP": ("scale",),
+    "LayerNorm": ("eps",),
+    "Attention": ("num_heads",),
+    "FeedForward": ("activation",),
+    "Block": ("dropout",),
+    "Transformer": (),
+    "Linear": (),
+    "Mixed": (),
+    "Box": ("value",),
+}
+_AUTO_CLASSES: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        Layer, MLP, LayerNorm, Attention, FeedForward, Block, Transformer, Linear,
+        Mixed, Box,
+    )
+}
+
+
+def _twin(auto_cls: type, style: str) -> type:
+    """The `style` twin of an AutoModule class: same fields, same order."""
+    name = auto_cls.__name__
+    annotations = dict(auto_cls.__annotations__)
+    static = STATIC_FIELDS[name]
+    namespace: dict[str, Any] = {
+        "__module__": __name__,
+        "__qualname__": f"{style.replace('-', '_')}.{name}",
+        "__annotations__": annotations,
+    }
+    if style == "eqx-static":
+        namespace.update({n: eqx.field(static=True) for n in static})
+        return type(name, (eqx.Module,), namespace)
+    if style == "eqx-filter":
+        return type(name, (eqx.Module,), namespace)
+    if style == "dataclass":
+        cls = dataclasses.make_dataclass(
+            name, list(annotations.items()), frozen=True, namespace={"__module__": __name__}
+        )
+        cls.__qualname__ = namespace["__qualname__"]
+        data = [n for n in annotations if n not in static]
+        return jtu.register_dataclass(cls, data_fields=data, meta_fields=list(static))
+    raise ValueError(style)
+
+
+_TWINS: dict[str, dict[str, type]] = {
+    style: {name: _twin(cls, style) for name, cls in _AUTO_CLASSES.items()}
+    for style in ("eqx-static", "eqx-filter", "dataclass")
+}
+
+
+# --------------------------------------------------------------------------------------
+# Kits: how one implementation builds a node, a list of ints and a static item.
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Kit:
+    impl: str
+
+    def node(self, kind: str, **fields: Any) -> Any:
+        if self.impl == "dict":
+            return dict(fields)
+        if self.impl == "autostatic":
+            if asx is None:
+                raise RuntimeError(f"autostatic is unavailable ({AUTOSTATIC_ERROR})")
+            return _AUTO_CLASSES[kind](**fields)
+        return _TWINS[self.impl][kind](**fields)
+
+    def ints(self, values: Sequence[int]) -> Any:
+        # Static fields must be hashable for eqx (a list would be accepted by jax.jit,
+        # whose treedef hash ignores aux data, but not by eqx.filter_jit's static arg).
+        return tuple(values) if self.impl in ("eqx-static", "dataclass") else list(values)
+
+    def box(self, value: Any) -> Any:
+        # Only where a non-array sits inside a container that also holds arrays.
+        return self.node("Box", value=value) if self.impl in ("eqx-static", "dataclass") else value
+
+
+def unbox(x: Any) -> Any:
+    """The value of a `Box` twin, or `x` itself (trace-time only)."""
+    return x.value if type(x).__name__ == "Box" and hasattr(x, "value") else x
+
+
+@dataclasses.dataclass
+class Built:
+    """One model in one implementation: the pytree passed to jit, and for the `dict`
+    floor the non-array config held outside it."""
+
+    impl: str
+    tree: Any
+    cfg: Any = None
+
+
+def _finish(impl: str, tree: Any) -> Built:
+    if impl != "dict":
+        return Built(impl, tree)
+    params, cfg = split(tree)
+    return Built(impl, params, cfg)
+
+
+# --------------------------------------------------------------------------------------
+# The dict floor: split arrays from config, and merge them back (at trace time).
+# --------------------------------------------------------------------------------------
+
+
+def _has_array(x: Any) -> bool:
+    return any(eqx.is_array(leaf) for leaf in jtu.tree_leaves(x))
+
+
+def split(tree: Any) -> tuple[Any, Any]:
+    """(params, cfg): arrays in dicts/lists, everything else in a mirror structure.
+
+    A value without arrays goes wholly to `cfg`; a list keeps its positions in `params`
+    with `None` (an empty pytree node) where an item has no arrays.
+    """
+    if eqx.is_array(tree):
+        return tree, None
+    if isinstance(tree, dict):
+        params, cfg = {}, {}
+        for k, v in tree.items():
+            if not _has_array(v):
+                cfg[k] = v
+            else:
+                params[k], c = split(v)
+                if c is not None:
+                    cfg[k] = c
+        return params, cfg
+    if isinstance(tree, (list, tuple)):
+        parts = [split(v) if _has_array(v) else (None, v) for v in tree]
+        return [p for p, _ in parts], [c for _, c in parts]
+    return None, tree
+
+
+class AttrDict(dict):
+    """A dict whose items are also attributes, so one forward function serves all."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def merge(params: Any, cfg: Any) -> Any:
+    """Inverse of `split`, with dicts as `AttrDict`s."""
+    if isinstance(params, dict) or isinstance(cfg, dict):
+        params = params or {}
+        cfg = cfg or {}
+        return AttrDict({k: merge(params.get(k), cfg.get(k)) for k in {**cfg, **params}})
+    if isinstance(params, list) or isinstance(cfg, list):
+        n = len(params if params is not None else cfg)
+        params = params if params is not None else [None] * n
+        cfg = cfg if cfg is not None else [None] * n
+        return [merge(p, c) for p, c in zip(params, cfg)]
+    return params if params is not None else cfg
+
+
+def view(built: Built) -> Any:
+    """The model as the forward functions see it (eagerly; used for reference outputs)."""
+    return merge(built.tree, built.cfg) if built.impl == "dict" else built.tree
+
+
+# --------------------------------------------------------------------------------------
+# Arrays (built once per model) and builders (wrap the same arrays per implementation).
+# --------------------------------------------------------------------------------------
+
+MLP_WIDTH = 8
+TF_DIM, TF_SEQ, TF_HEADS, TF_HIDDEN, TF_BLOCKS = 32, 16, 4, 64, 2
+BATCH = 16
+
+
+def _arrays(rng: np.random.Generator, *shapes: tuple[int, ...]) -> list[jax.Array]:
+    host = [rng.standard_normal(s).astype(np.float32) / np.sqrt(s[0]) for s in shapes]
+    return list(jax.device_put(host))
+
+
+def mlp_arrays(n: int, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
+    rng = np.random.default_rng(seed)
+    flat = _arrays(rng, *[(MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,)] * n)
+    return [(flat[2 * i], flat[2 * i + 1] * 0.1) for i in range(n)]
+
+
+def build_mlp(
+    impl: str,
+    arrays: Sequence[tuple[jax.Array, jax.Array]],
+    activation: Callable = jax.nn.relu,
+    scale: float = 1.0,
+) -> Built:
+    kit = Kit(impl)
+    layers = [
+        kit.node(
+            "Layer",
+            weight=w,
+            bias=b,
+            activation=activation,
+            width=int(w.shape[0]),
+            sizes=kit.ints([w.shape[0], w.shape[1]]),
+        )
+        for w, b in arrays
+    ]
+    return _finish(impl, kit.node("MLP", layers=layers, scale=scale))
+
+
+def transformer_arrays(seed: int = 0) -> list[dict[str, jax.Array]]:
+    rng = np.random.default_rng(seed)
+    d, h = TF_DIM, TF_HIDDEN
+    names_shapes = [
+        ("g1", (d,)), ("be1", (d,)), ("wq", (d, d)), ("wk", (d, d)), ("wv", (d, d)),
+        ("wo", (d, d)), ("g2", (d,)), ("be2", (d,)), ("w1", (d, h)), ("b1", (h,)),
+        ("w2", (h, d)), ("b2", (d,)),
+    ]
+    blocks = []
+    for _ in range(TF_BLOCKS + 1):  # the last one only provides the final layer norm
+        block = dict(zip([n for n, _ in names_shapes], _arrays(rng, *[s for _, s in names_shapes])))
+        # Layer norms start at gamma = 1, beta = 0 (done here: arrays are built once).
+        for g, b in (("g1", "be1"), ("g2", "be2")):
+            block[g], block[b] = block[g] * 0.0 + 1.0, block[b] * 0.0
+        blocks.append(block)
+    return blocks
+
+
+def build_transformer(
+    impl: str, arrays: Sequence[dict[str, jax.Array]], dropout: float = 0.1
+) -> Built:
+    kit = Kit(impl)
+
+    def norm(g: jax.Array, b: jax.Array) -> Any:
+        return kit.node("LayerNorm", gamma=g, beta=b, eps=1e-5)
+
+    blocks = [
+        kit.node(
+            "Block",
+            ln1=norm(a["g1"], a["be1"]),
+            attn=kit.node(
+                "Attention", wq=a["wq"], wk=a["wk"], wv=a["wv"], wo=a["wo"],
+                num_heads=TF_HEADS,
+            ),
+            ln2=norm(a["g2"], a["be2"]),
+            ff=kit.node(
+                "FeedForward", w1=a["w1"], b1=a["b1"], w2=a["w2"], b2=a["b2"],
+                activation=jax.nn.gelu,
+            ),
+            dropout=dropout,
+        )
+        for a in arrays[:-1]
+    ]
+    last = arrays[-1]
+    return _finish(impl, kit.node("Transformer", blocks=blocks, ln_f=norm(last["g1"], last["be1"])))
+
+
+def mixed_arrays(seed: int = 0) -> dict[str, jax.Array]:
+    rng = np.random.default_rng(seed)
+    w, b, v = _arrays(rng, (MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,), (MLP_WIDTH,))
+    return {"weight": w, "bias": b, "w": v}
+
+
+def build_mixed(impl: str, arrays: dict[str, jax.Array]) -> Built:
+    kit = Kit(impl)
+    linear = kit.node("Linear", weight=arrays["weight"], bias=arrays["bias"])
+    parts = [linear, kit.box(jax.nn.relu), kit.box(3), {"w": arrays["w"], "tag": kit.box("x")}]
+    return _finish(impl, kit.node("Mixed", parts=parts))
+
+
+# --------------------------------------------------------------------------------------
+# Forward functions (attribute access; every implementation).
+# --------------------------------------------------------------------------------------
+
+
+def mlp_apply(m: Any, x: jax.Array) -> jax.Array:
+    for layer in m.layers:
+        x = layer.activation(x @ layer.weight + layer.bias)
+    return m.scale * x
+
+
+def _layer_norm(ln: Any, x: jax.Array) -> jax.Array:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(var + ln.eps) * ln.gamma + ln.beta
+
+
+def _attention(a: Any, x: jax.Array) -> jax.Array:
+    b, s, d = x.shape
+    h = a.num_heads
+
+    def heads(w: jax.Array) -> jax.Array:
+        return (x @ w).reshape(b, s, h, d // h)
+
+    q, k, v = heads(a.wq), heads(a.wk), heads(a.wv)
+    scores = jnp.einsum("bshd,bthd->bhst", q, k) / np.sqrt(d // h)
+    out = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(scores, axis=-1), v)
+    return out.reshape(b, s, d) @ a.wo
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def transformer_apply(m: Any, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    keys = [None] * len(m.blocks) if key is None else list(jax.random.split(key, len(m.blocks)))
+    for block, k in zip(m.blocks, keys):
+        k1, k2 = (None, None) if k is None else tuple(jax.random.split(k))
+        ff = block.ff
+        x = x + _dropout(_attention(block.attn, _layer_norm(block.ln1, x)), block.dropout, k1)
+        hidden = ff.activation(_layer_norm(block.ln2, x) @ ff.w1 + ff.b1)
+        x = x + _dropout(hidden @ ff.w2 + ff.b2, block.dropout, k2)
+    return _layer_norm(m.ln_f, x)
+
+
+def mixed_apply(m: Any, x: jax.Array) -> jax.Array:
+    linear, act, k, d = m.parts
+    y = unbox(act)(x @ linear.weight + linear.bias) * unbox(k)
+    return y + d["w"] if unbox(d["tag"]) == "x" else y
+
+
+# The cheap per-call function of the dispatch benchmark: reads one array.
+def mlp_probe(m: Any) -> jax.Array:
+    return m.layers[0].bias + 1
+
+
+def transformer_probe(m: Any) -> jax.Array:
+    return m.blocks[0].ln1.gamma + 1
+
+
+def mixed_probe(m: Any) -> jax.Array:
+    return m.parts[0].bias + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A model family: how to build it, its forward pass, its loss inputs."""
+
+    name: str
+    build: Callable[..., Built]
+    apply: Callable[..., jax.Array]
+    probe: Callable[[Any], jax.Array]
+    input_shape: tuple[int, ...]
+    uses_key: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    "mlp": Family("mlp", build_mlp, mlp_apply, mlp_probe, (BATCH, MLP_WIDTH)),
+    "transformer": Family(
+        "transformer", build_transformer, transformer_apply, transformer_probe,
+        (BATCH // 2, TF_SEQ, TF_DIM), uses_key=True,
+    ),
+    "mixed": Family("mixed", build_mixed, mixed_apply, mixed_probe, (BATCH, MLP_WIDTH)),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Jitting: one function, wrapped per (implementation, jit).
+# --------------------------------------------------------------------------------------
+
+
+def make_jitted(impl: str, jit: str, fn: Callable[..., Any], cfg: Any = None) -> Callable[..., Any]:
+    """`fn(model, *args)` jitted for one variant; call it as `f(built.tree, *args)`.
+
+    For the `dict` floor the config is closed over, as hand-written JAX does: the
+    compiled function never sees a later change in it (it goes stale instead of
+    retracing), which is why the floor is no reference where static values change.
+    """
+    if impl == "dict":
+        def body(params: Any, *args: Any) -> Any:
+            return fn(merge(params, cfg), *args)
+    else:
+        def body(tree: Any, *args: Any) -> Any:
+            return fn(tree, *args)
+    if jit == JAX_JIT:
+        return jax.jit(body)
+    if jit == FILTER_JIT:
+        return eqx.filter_jit(body)
+    raise ValueError(jit)
