@@ -1,6 +1,7 @@
 """`AutoModule`: an `eqx.Module` whose static/dynamic split is decided from values."""
 
 import dataclasses
+import inspect
 import re
 from typing import Any
 
@@ -37,9 +38,23 @@ class _AutoModuleMeta(ModuleMeta):
                 if cls.__dict__.get(f.name, _NOTHING) is f.default:
                     delattr(cls, f.name)
         cls.__autostatic_defaults__ = defaults
-        for attr, value in namespace.items():
-            if attr not in defaults and _bound_method.wraps_as_method(attr, value):
-                setattr(cls, attr, _bound_method.MethodDescriptor(value, attr))
+        # Methods of this class, and of non-AutoModule bases (e.g. an abstract
+        # eqx.Module kept during a migration), are bound as pytree-and-hashable
+        # `BoundMethod`s; AutoModule bases did this for their own already.
+        own = [namespace]
+        own += [
+            vars(base)
+            for base in cls.__mro__[1:]
+            if not isinstance(base, _AutoModuleMeta)
+        ]
+        for attrs in own:
+            for attr, value in attrs.items():
+                if (
+                    attr not in defaults
+                    and _bound_method.wraps_as_method(attr, value)
+                    and inspect.getattr_static(cls, attr) is value
+                ):
+                    setattr(cls, attr, _bound_method.MethodDescriptor(value, attr))
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any):

@@ -202,3 +202,17 @@ def test_vmap_over_switch_index_evaluates_every_branch():
     p = Probe(jnp.ones(2))
     out = jax.vmap(lambda i: jax.lax.switch(i, [p.f, p.g], jnp.ones(2)))(jnp.array([0, 1]))
     assert out.shape == (2, 2) and set(calls) == {"f", "g"}
+
+
+def test_methods_inherited_from_an_eqx_module_base_are_bound_too():
+    class Base(eqx.Module):
+        def double(self, x):
+            return 2 * self.w * x
+
+    class Impl(Base, asx.AutoModule):
+        w: jax.Array
+
+    impl = Impl(jnp.ones(2))
+    assert keystrs(impl.double) == [".__self__.w"]
+    np.testing.assert_allclose(jax.jit(lambda f: f(3.0))(impl.double), 6.0)
+    np.testing.assert_allclose(jax.lax.switch(0, [impl.double], 1.0), 2.0)
