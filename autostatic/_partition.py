@@ -30,7 +30,7 @@ import jax
 import jax.tree_util as jtu
 
 from ._containers import ContainerPath, freeze
-from ._hidden_arrays import find_hidden_array
+from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 
 MISSING: Final = object()
 
@@ -191,18 +191,29 @@ def unwrap_static_leaves(child: Any) -> Any:
     return jtu.tree_map(_unwrap, child, is_leaf=_is_static_leaf)
 
 
-def _warn_hidden(where: str, value: Any) -> None:
+def _static_problem(value: Any) -> str | None:
+    """What is wrong with `value` as a static leaf, as the end of a sentence."""
     hidden = find_hidden_array(value)
     if hidden is not None:
-        warnings.warn(
-            f"{where} holds {hidden}, where AutoModule cannot see it, so it is part of "
-            "a static value: it will be baked into compiled code as a constant, get no "
+        return (
+            f"holds {hidden}, where AutoModule cannot see it, so it is part of a "
+            "static value: it will be baked into compiled code as a constant, get no "
             "gradient, and a new one retraces. Store the array as an attribute (or in "
             "a list/dict/tuple/Module attribute), or use eqx.Partial / "
-            "jax.tree_util.Partial instead of functools.partial or a closure.",
-            UserWarning,
-            stacklevel=4,
+            "jax.tree_util.Partial instead of functools.partial or a closure."
         )
+    if is_uncomparable(value):
+        return (
+            f"is a static value of type {type(value).__qualname__} that can be neither "
+            "hashed nor compared with a boolean ==. jax.jit compares static values to "
+            "reuse compiled code, and will fail on it. Give the type a boolean __eq__, "
+            "or store its data as arrays."
+        )
+    return None
+
+
+def _leaf_paths(value: Any) -> list[str]:
+    return [jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(value)[0]]
 
 
 def _split_field(
@@ -233,23 +244,23 @@ def _split_field(
         return DYNAMIC, value
     else:
         kind = MIXED
+    paths = None
+    for i, (leaf, flag) in enumerate(zip(leaves, flags)):
+        if flag or not warn:
+            continue
+        problem = _static_problem(leaf)
+        if problem is not None:
+            if paths is None:
+                paths = _leaf_paths(value) if treedef is not None else [""]
+            warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}", 4)
     if kind == STATIC:
-        if warn:
-            _warn_hidden(where, value)
         return STATIC, value
     assert treedef is not None
-    paths = None
-    wrapped = []
-    for i, (leaf, flag) in enumerate(zip(leaves, flags)):
-        if flag:
-            wrapped.append(leaf)
-            continue
-        if paths is None:
-            paths = [jtu.keystr(p) for p, _ in jtu.tree_flatten_with_path(value)[0]]
-        leaf_where = where + paths[i]
-        if warn:
-            _warn_hidden(leaf_where, leaf)
-        wrapped.append(StaticLeaf(leaf, leaf_where))
+    paths = paths or _leaf_paths(value)
+    wrapped = [
+        leaf if flag else StaticLeaf(leaf, where + path)
+        for leaf, flag, path in zip(leaves, flags, paths)
+    ]
     return MIXED, jtu.tree_unflatten(treedef, wrapped)
 
 

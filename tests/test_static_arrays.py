@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 import autostatic as asx
+from autostatic import _static_checks
 from models import keystrs
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    """Each warning is shown once per process; each test starts afresh."""
+    _static_checks._warned.clear()
+    yield
+    _static_checks._warned.clear()
 
 
 class Holder(asx.AutoModule):
@@ -47,7 +56,7 @@ def test_arrays_in_containers_are_never_static():
         (lambda w: ft.partial(lambda x, y: x * y, w), r"Holder\.thing holds an array in argument 0 of a functools.partial"),
         (lambda w: (lambda x: x * w), r"Holder\.thing holds an array in closure variable 'w'"),
         (lambda w: jax.jit(lambda x: x * w), r"Holder\.thing holds an array in closure variable 'w'"),
-        (lambda w: [1, ft.partial(jnp.add, w)], r"Holder\.thing holds an array .* in element 1"),
+        (lambda w: [1, ft.partial(jnp.add, w)], r"Holder\.thing\[1\] holds an array in argument 0"),
         (lambda w: [w, ft.partial(jnp.add, w)], r"Holder\.thing\[1\] holds an array"),
     ],
     ids=["partial", "closure", "jitted", "in-static-list", "in-mixed-list"],
@@ -77,3 +86,21 @@ def test_eqx_partial_keeps_its_arrays_dynamic():
     m = Holder(jnp.ones(1), eqx.Partial(jnp.add, jnp.ones(2)))
     assert keystrs(m) == [".w", ".thing.args[0]"]
     np.testing.assert_allclose(jax.jit(lambda m: m.thing(1.0))(m), 2.0)
+
+
+def test_each_warning_is_shown_once_per_attribute_and_cause():
+    with pytest.warns(UserWarning) as record:
+        for _ in range(3):
+            Holder(jnp.ones(1), ft.partial(jnp.add, jnp.ones(2)))
+    assert len([w for w in record if "Holder.thing" in str(w.message)]) == 1
+
+
+def test_unhashable_and_uncomparable_static_value_warns():
+    class Table:
+        __hash__ = None
+
+        def __eq__(self, other):
+            return np.array([True, False])  # elementwise, like a DataFrame
+
+    with pytest.warns(UserWarning, match=r"Holder\.thing\[0\] is a static value of type .*Table.* neither hashed nor compared"):
+        Holder(jnp.ones(1), [Table()])

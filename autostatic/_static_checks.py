@@ -1,14 +1,16 @@
-"""Finding arrays hidden inside static values.
+"""Checks on static values, and their warnings (each shown once per place).
 
 A static value is compared by `==` and baked into compiled code. An array inside it
 that the pytree machinery cannot see (a closure cell, a `functools.partial` argument, a
 jitted function's wrapped callable, an attribute of an opaque object) becomes a
 compile-time constant: it receives no gradient, is not updated by optimisers, and is
-copied into every compiled program.
+copied into every compiled program. A value that can be neither hashed nor compared
+breaks JAX's compilation cache, which compares static data with `==`.
 """
 
 import functools as ft
 import types
+import warnings
 import weakref
 from typing import Any
 
@@ -93,3 +95,27 @@ def _children(value: Any) -> list[tuple[str, Any]]:
             if k != "__wrapped__"
         ]
     return out
+
+
+_warned: set[tuple[str, ...]] = set()
+
+
+def warn_once(key: tuple[str, ...], message: str, stacklevel: int) -> None:
+    """Warns once per `key` (class, attribute and cause) for the whole process."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+
+
+def is_uncomparable(value: Any) -> bool:
+    """Neither hashable nor comparable with a plain boolean `==`."""
+    try:
+        hash(value)
+        return False
+    except TypeError:
+        pass
+    try:
+        return not isinstance(value == value, bool)
+    except Exception:
+        return True
