@@ -8,6 +8,12 @@ from ._diagnostics import (
     retrace_reasons as retrace_reasons,
 )
 from ._module import AutoModule as AutoModule
+from ._serialisation import (
+    CheckpointError as CheckpointError,
+    load as load,
+    load_eqx as load_eqx,
+    save as save,
+)
 from ._surgery import inference_mode as inference_mode, tree_at as tree_at
 
 __version__ = "0.1.0"

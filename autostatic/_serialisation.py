@@ -39,11 +39,15 @@ Memory and safety (`load`)
 The header is read, validated and compared with the template before any tensor is read,
 so a mismatch raises one error naming every offending key and nothing is half-loaded.
 Each tensor is then read with `readinto` straight into its own freshly allocated numpy
-array, one at a time (and, with `host=False`, handed to `jax.device_put` before the next
-one is read): loading never holds a second copy of the file. It deliberately does not
-use a memory map: JAX's CPU backend aliases numpy buffers in `device_put`, so arrays made
-from a map would stay backed by the file, and a mapped file truncated by another
-process kills the reader with SIGBUS instead of raising an error.
+array, one at a time; with `host=False` it is handed to `jax.device_put` at once, and at
+most two transfers are in flight (an asynchronous transfer holds its host buffer, so
+unbounded, reading would run ahead and pile the whole file up on the host). The buffers
+are 64-byte aligned, which XLA's CPU client adopts without copying. So loading needs
+the memory of the result plus a tensor or two, never a second copy of the file. It
+deliberately does not use a memory map: JAX's CPU backend aliases numpy buffers in
+`device_put`, so arrays made from a map would stay backed by the file, and a mapped
+file truncated by another process kills the reader with SIGBUS instead of raising an
+error.
 
 Nothing from the file is ever executed (JSON header, raw bytes, no pickle), and every
 header field is checked before anything is allocated: header length (at most 100 MB and
@@ -51,6 +55,17 @@ within the file), JSON shape, dtype names (looked up in a fixed table, never pas
 `np.dtype`), non-negative integer dimensions, offsets inside the data section, tiling it
 without overlaps or gaps, and each tensor's byte count equal to shape times item size.
 So no tensor can claim more memory than the file has bytes.
+
+Reading Equinox's files (`load_eqx`)
+------------------------------------
+`eqx.tree_serialise_leaves` writes one `.npy` blob per leaf of the `eqx.Module`, in
+depth-first order: arrays, and Python bool/int/float/complex values (which are static
+in an AutoModule); other leaves are skipped. `load_eqx` walks `expose(like)`, in which
+every AutoModule field is a child again, so its leaves come in that same order. Each
+blob's header is parsed (numpy's own header parser; object dtypes, which would need
+pickle, are refused) and checked against the template leaf before its data is read:
+arrays by shape and dtype, stored Python values against the template's static value.
+A difference, a missing blob or trailing bytes is an error naming the key path.
 """
 
 import contextlib
@@ -84,7 +99,7 @@ _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 
 class CheckpointError(ValueError):
-    """A file that is not a valid checkpoint, or one that does not match the template."""
+    """A file that is not a valid checkpoint, or that does not match the template."""
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -160,9 +175,17 @@ def _storage(name: str) -> _Storage:
 def _little_endian(dtype: np.dtype) -> np.dtype:
     # Only numpy's own multi-byte types have a byte order to choose; ml_dtypes are
     # native, which is little-endian on every platform JAX runs on.
-    if dtype.byteorder in "=<>" and dtype.itemsize > 1 and dtype.name in _NUMPY_DTYPE_NAMES:
+    if (
+        dtype.byteorder in "=<>"
+        and dtype.itemsize > 1
+        and dtype.name in _NUMPY_DTYPE_NAMES
+    ):
         return dtype.newbyteorder("<")
     return dtype
+
+
+def _show(key: str) -> str:
+    return key or "<root>"  # the key path of a tree that is a single array
 
 
 def _describe(dtype: np.dtype | str, shape: tuple[int, ...]) -> str:
@@ -174,77 +197,101 @@ def _describe(dtype: np.dtype | str, shape: tuple[int, ...]) -> str:
 
 
 def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
-    """Each array leaf of `tree` with the keystr of its path; checks the names are unique."""
+    """Each array leaf of `tree` with the keystr of its path, which must be unique."""
     out: dict[str, Any] = {}
     for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
         key = jtu.keystr(path)
         if isinstance(leaf, jax.ShapeDtypeStruct):
             raise CheckpointError(
-                f"{key or '<root>'} is a jax.ShapeDtypeStruct, which has no data to save. "
-                "Save a tree of concrete arrays (an abstract tree is for `like` in load)."
+                f"{_show(key)} is a jax.ShapeDtypeStruct, which has no data to "
+                "save. Save a tree of concrete arrays (abstract trees are for `like` "
+                "in load)."
             )
         if not eqx.is_array(leaf):
             continue
         if isinstance(leaf, jax.core.Tracer):
             raise CheckpointError(
-                f"{key or '<root>'} is a traced array: save cannot run inside jax.jit, "
+                f"{_show(key)} is a traced array: save cannot run inside jax.jit, "
                 "jax.grad or other transformations. Call it outside them."
             )
         if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
             raise CheckpointError(
-                f"{key or '<root>'} is not fully addressable from this process (a "
+                f"{_show(key)} is not fully addressable from this process (a "
                 "multi-host array). Gather it first, e.g. with "
                 "jax.experimental.multihost_utils.process_allgather."
             )
         if key in out:
             raise CheckpointError(
                 f"two array leaves have the key path {key!r}, so they would share a "
-                "name in the file. Give them distinct keys (e.g. different dict keys or "
-                "attribute names)."
+                "name in the file. Give them distinct keys (e.g. different dict keys "
+                "or attribute names)."
             )
         out[key] = leaf
     return list(out.items())
 
 
-def _plan(leaves: list[tuple[str, Any]]) -> tuple[bytes, list[tuple[str, Any, int]]]:
-    """The header bytes and the (key, leaf, nbytes) write order."""
-    specs = []
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    key: str
+    leaf: Any
+    storage: _Storage
+    stored_shape: tuple[int, ...]
+    nbytes: int
+    itemsize: int
+
+
+def _checked_dtype(key: str, leaf: Any, known_only: bool = True) -> np.dtype:
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        raise CheckpointError(
+            f"{_show(key)} is an array of PRNG keys, which has no portable bytes. "
+            "Store jax.random.key_data(key) instead, and rebuild the key with "
+            "jax.random.wrap_key_data after loading."
+        )
+    dtype = np.dtype(leaf.dtype)
+    if known_only and _dtype_name(dtype) is None:
+        raise CheckpointError(
+            f"{_show(key)} has dtype {dtype}, which has no checkpoint format. "
+            f"Supported: {', '.join(sorted(_KNOWN_DTYPES))}. Cast it "
+            "(x.astype(...)) first."
+        )
+    return dtype
+
+
+def _plan(leaves: list[tuple[str, Any]]) -> tuple[bytes, list[_Entry]]:
+    """The header bytes, and the entries in the order their bytes are written."""
+    entries = []
     raw_dtypes: dict[str, str] = {}
     for key, leaf in leaves:
-        dtype = np.dtype(leaf.dtype)
-        name = _dtype_name(dtype)
-        if name is None:
-            raise CheckpointError(
-                f"{key or '<root>'} has dtype {dtype}, which cannot be saved. Supported: "
-                f"{', '.join(sorted(_KNOWN_DTYPES))}. Cast it (x.astype(...)) first."
-            )
-        storage = _storage(name)
+        dtype = _checked_dtype(key, leaf)
+        storage = _storage(dtype.name)
         shape = tuple(int(d) for d in np.shape(leaf))
-        stored_shape = shape if storage.extra_axis is None else shape + (storage.extra_axis,)
-        nbytes = math.prod(shape) * dtype.itemsize
+        stored_shape = shape
+        if storage.extra_axis is not None:
+            stored_shape = shape + (storage.extra_axis,)
         if storage.raw:
-            raw_dtypes[key] = name
-        specs.append((key, leaf, storage, stored_shape, nbytes, dtype.itemsize))
+            raw_dtypes[key] = dtype.name
+        nbytes = math.prod(shape) * dtype.itemsize
+        entries.append(_Entry(key, leaf, storage, stored_shape, nbytes, dtype.itemsize))
     # Decreasing item size keeps every tensor aligned to its item size (stable sort, so
     # same-size tensors keep their natural order).
-    order = sorted(range(len(specs)), key=lambda i: -min(specs[i][5], 8))
+    order = sorted(entries, key=lambda e: -min(e.itemsize, 8))
     offsets = {}
     offset = 0
-    for i in order:
-        offsets[i] = (offset, offset + specs[i][4])
-        offset += specs[i][4]
+    for entry in order:
+        offsets[entry.key] = [offset, offset + entry.nbytes]
+        offset += entry.nbytes
     header: dict[str, Any] = {}
     if raw_dtypes:
         header["__metadata__"] = {_METADATA_DTYPES: json.dumps(raw_dtypes)}
-    for i, (key, _, storage, stored_shape, _, _) in enumerate(specs):
-        header[key] = {
-            "dtype": storage.name,
-            "shape": list(stored_shape),
-            "data_offsets": list(offsets[i]),
+    for entry in entries:  # the header itself in natural order, for people reading it
+        header[entry.key] = {
+            "dtype": entry.storage.name,
+            "shape": list(entry.stored_shape),
+            "data_offsets": offsets[entry.key],
         }
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    return encoded, [(specs[i][0], specs[i][1], specs[i][4]) for i in order]
+    return encoded, order
 
 
 def _write_tensor(f: BinaryIO, key: str, leaf: Any, nbytes: int) -> None:
@@ -257,18 +304,18 @@ def _write_tensor(f: BinaryIO, key: str, leaf: Any, nbytes: int) -> None:
     flat = np.ascontiguousarray(array).reshape(-1)
     if flat.nbytes != nbytes:
         raise CheckpointError(
-            f"{key or '<root>'} changed size while being saved ({nbytes} bytes planned, "
-            f"{flat.nbytes} found)."
+            f"{_show(key)} changed size while being saved ({nbytes} bytes "
+            f"planned, {flat.nbytes} found)."
         )
     if nbytes:
         f.write(memoryview(flat.view(np.uint8)))
 
 
-def _write(f: BinaryIO, header: bytes, order: list[tuple[str, Any, int]]) -> None:
+def _write(f: BinaryIO, header: bytes, order: list[_Entry]) -> None:
     f.write(struct.pack("<Q", len(header)))
     f.write(header)
-    for key, leaf, nbytes in order:
-        _write_tensor(f, key, leaf, nbytes)
+    for entry in order:
+        _write_tensor(f, entry.key, entry.leaf, entry.nbytes)
 
 
 def _is_path(file: Any) -> bool:
@@ -297,11 +344,11 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) ->
     """
     path = os.fsdecode(os.fspath(path))
     folder = os.path.dirname(os.path.abspath(path))
-    temp = os.path.join(
-        folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp"
-    )
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     # os.open with 0o666 gives the final file the usual umask permissions.
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    fd = os.open(
+        temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
+    )
     try:
         with open(fd, "wb") as f:
             write(f)
@@ -370,9 +417,9 @@ class _Source:
                 view[done : done + got] = chunk
             if not got:
                 raise CheckpointError(
-                    f"{self.name} ended while reading {what}: {total} bytes expected at "
-                    f"byte {offset}, {done} found. The file is truncated or was changed "
-                    "while loading."
+                    f"{self.name} ended while reading {what}: {total} bytes expected "
+                    f"at byte {offset}, {done} found. The file is truncated or was "
+                    "changed while loading."
                 )
             done += got
 
@@ -421,7 +468,9 @@ def _parse_header(raw: bytes, data_len: int, name: str) -> dict[str, _Tensor]:
         raise corrupt(f"its header is not valid JSON ({err})") from None
     if not isinstance(header, dict):
         raise corrupt("its header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, dict) or not all(
         isinstance(v, str) for v in metadata.values()
     ):
@@ -431,25 +480,41 @@ def _parse_header(raw: bytes, data_len: int, name: str) -> dict[str, _Tensor]:
         try:
             raw_dtypes = json.loads(metadata[_METADATA_DTYPES])
         except (ValueError, RecursionError) as err:
-            raise corrupt(f"__metadata__[{_METADATA_DTYPES!r}] is not JSON ({err})") from None
+            raise corrupt(
+                f"__metadata__[{_METADATA_DTYPES!r}] is not JSON ({err})"
+            ) from None
         if not isinstance(raw_dtypes, dict) or not all(
             isinstance(v, str) for v in raw_dtypes.values()
         ):
-            raise corrupt(f"__metadata__[{_METADATA_DTYPES!r}] is not an object of strings")
+            raise corrupt(
+                f"__metadata__[{_METADATA_DTYPES!r}] is not an object of strings"
+            )
         for key in raw_dtypes:
             if key not in header:
-                raise corrupt(f"__metadata__ names a dtype for {key!r}, which is not a tensor")
+                raise corrupt(
+                    f"__metadata__ names a dtype for {key!r}, which is not a tensor"
+                )
 
     tensors: dict[str, _Tensor] = {}
     for key, entry in header.items():
         where = f"tensor {key!r}"
-        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-            raise corrupt(f"{where} is not an object with dtype, shape and data_offsets")
-        st_dtype = _FROM_SAFETENSORS.get(entry["dtype"]) if isinstance(entry["dtype"], str) else None
+        if not isinstance(entry, dict) or set(entry) != {
+            "dtype",
+            "shape",
+            "data_offsets",
+        }:
+            raise corrupt(
+                f"{where} is not an object with dtype, shape and data_offsets"
+            )
+        st_dtype = (
+            _FROM_SAFETENSORS.get(entry["dtype"])
+            if isinstance(entry["dtype"], str)
+            else None
+        )
         if st_dtype is None:
             raise corrupt(
-                f"{where} has dtype {entry['dtype']!r}, which this library does not read "
-                f"(known: {', '.join(sorted(_FROM_SAFETENSORS))})"
+                f"{where} has dtype {entry['dtype']!r}, which this library does not "
+                f"read (known: {', '.join(sorted(_FROM_SAFETENSORS))})"
             )
         shape = entry["shape"]
         if (
@@ -457,16 +522,25 @@ def _parse_header(raw: bytes, data_len: int, name: str) -> dict[str, _Tensor]:
             or len(shape) > _MAX_NDIM
             or not all(_is_int(d) and d >= 0 for d in shape)
         ):
-            raise corrupt(f"{where} has shape {shape!r}; expected at most {_MAX_NDIM} non-negative integers")
+            raise corrupt(
+                f"{where} has shape {shape!r}; expected at most {_MAX_NDIM} "
+                "non-negative integers"
+            )
         shape = tuple(shape)
         # Bounded so that numpy can represent it, even when some dimension is zero.
         if math.prod(max(d, 1) for d in shape) * st_dtype.itemsize >= 2**63:
-            raise corrupt(f"{where} has shape {shape}, which is too large for any array")
+            raise corrupt(
+                f"{where} has shape {shape}, which is too large for any array"
+            )
         offsets = entry["data_offsets"]
         if not (
-            isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_int, offsets))
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(map(_is_int, offsets))
         ):
-            raise corrupt(f"{where} has data_offsets {offsets!r}; expected [begin, end]")
+            raise corrupt(
+                f"{where} has data_offsets {offsets!r}; expected [begin, end]"
+            )
         begin, end = offsets
         if not 0 <= begin <= end:
             raise corrupt(f"{where} has data_offsets {offsets}, which are not ordered")
@@ -485,10 +559,14 @@ def _parse_header(raw: bytes, data_len: int, name: str) -> dict[str, _Tensor]:
         if key in raw_dtypes:
             true = _KNOWN_DTYPES.get(raw_dtypes[key])
             if true is None:
-                raise corrupt(f"{where} has the unknown numpy dtype {raw_dtypes[key]!r} in __metadata__")
+                raise corrupt(
+                    f"{where} has the unknown numpy dtype {raw_dtypes[key]!r} in "
+                    "__metadata__"
+                )
             storage = _storage(raw_dtypes[key])
             fits = storage.name == entry["dtype"] and (
-                storage.extra_axis is None or (shape and shape[-1] == storage.extra_axis)
+                storage.extra_axis is None
+                or (shape and shape[-1] == storage.extra_axis)
             )
             if not fits:
                 raise corrupt(
@@ -508,7 +586,9 @@ def _parse_header(raw: bytes, data_len: int, name: str) -> dict[str, _Tensor]:
         if t.begin < expected:
             raise corrupt(f"tensors {previous!r} and {t.key!r} overlap")
         if t.begin > expected:
-            raise corrupt(f"bytes [{expected}, {t.begin}) of the data belong to no tensor")
+            raise corrupt(
+                f"bytes [{expected}, {t.begin}) of the data belong to no tensor"
+            )
         expected, previous = t.end, t.key
     if expected != data_len:
         raise corrupt(f"the last {data_len - expected} bytes belong to no tensor")
@@ -519,8 +599,9 @@ def _read_header(source: _Source) -> tuple[dict[str, _Tensor], int]:
     """The tensors of the file, and where its data section starts."""
     if source.size < 8:
         raise CheckpointError(
-            f"{source.name} is not a valid safetensors file: it has {source.size} bytes, "
-            "fewer than the 8-byte header length. The file is truncated or empty."
+            f"{source.name} is not a valid safetensors file: it has {source.size} "
+            "bytes, fewer than the 8-byte header length. The file is truncated or "
+            "empty."
         )
     prefix = bytearray(8)
     source.read_into(0, memoryview(prefix), "the header length")
@@ -528,8 +609,8 @@ def _read_header(source: _Source) -> tuple[dict[str, _Tensor], int]:
     if header_len > MAX_HEADER_BYTES:
         raise CheckpointError(
             f"{source.name} is not a valid safetensors file: its header claims "
-            f"{header_len} bytes, over the {MAX_HEADER_BYTES}-byte limit. It is corrupt "
-            "or not a safetensors file."
+            f"{header_len} bytes, over the {MAX_HEADER_BYTES}-byte limit. It is "
+            "corrupt or not a safetensors file."
         )
     if 8 + header_len > source.size:
         raise CheckpointError(
@@ -546,12 +627,53 @@ def _read_header(source: _Source) -> tuple[dict[str, _Tensor], int]:
 # --------------------------------------------------------------------------- templates
 
 
-def _template_shape_dtype(leaf: Any) -> tuple[tuple[int, ...], np.dtype]:
-    return tuple(int(d) for d in np.shape(leaf)), np.dtype(leaf.dtype)
+def _template_shape_dtype(
+    key: str, leaf: Any, known_only: bool = True
+) -> tuple[tuple[int, ...], np.dtype]:
+    dtype = _checked_dtype(key, leaf, known_only)
+    if dtype.byteorder in "<>":  # a byte-swapped numpy template; the file is native
+        dtype = dtype.newbyteorder("=")
+    return tuple(int(d) for d in np.shape(leaf)), dtype
 
 
 def _is_numpy(leaf: Any) -> bool:
     return isinstance(leaf, (np.ndarray, np.generic))
+
+
+# XLA's CPU client aliases a numpy buffer aligned to this instead of copying it, so a
+# tensor read into such a buffer becomes a device array without a second copy.
+_ALIGNMENT = 64
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+class _InFlight:
+    """Bounds the host buffers held by asynchronous `device_put`s to two tensors.
+
+    A transfer keeps its numpy buffer alive until it completes; without waiting, reading
+    runs ahead of the transfers and the whole file can pile up on the host. Waiting for
+    the previous transfer after starting the next one keeps reading and copying
+    overlapped.
+    """
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+
+    def add(self, value: Any) -> Any:
+        if isinstance(value, jax.Array):
+            self.wait()
+            self.previous = value
+        return value
+
+    def wait(self) -> None:
+        if self.previous is not None:
+            self.previous.block_until_ready()
+            self.previous = None
 
 
 def _finish(array: np.ndarray, like: Any, host: bool) -> Any:
@@ -570,8 +692,9 @@ def _check_jax_can_hold(key: str, dtype: np.dtype, like: Any, host: bool) -> str
         return None
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
         return (
-            f"{key}: {dtype} cannot become a jax.Array while 64-bit mode is off (JAX "
-            "would silently convert it); enable jax_enable_x64 or load with host=True"
+            f"{_show(key)}: {dtype} cannot become a jax.Array while 64-bit mode is "
+            "off (JAX would silently convert it); enable jax_enable_x64 or load with "
+            "host=True"
         )
     return None
 
@@ -584,7 +707,9 @@ def _format_problems(name: str, problems: list[str], hint: str) -> str:
     )
 
 
-def load(file: PathOrFile, like: Any, *, host: bool = False, strict: bool = True) -> Any:
+def load(
+    file: PathOrFile, like: Any, *, host: bool = False, strict: bool = True
+) -> Any:
     """Loads a file written by `save` into the structure of the template `like`.
 
     **Arguments:**
@@ -597,9 +722,9 @@ def load(file: PathOrFile, like: Any, *, host: bool = False, strict: bool = True
         data are kept from `like`.
     - `host`: if `True`, every loaded leaf is a numpy array (bfloat16 etc. as ml_dtypes
         arrays) and nothing is allocated on any JAX device. If `False`, leaves whose
-        template is a `jax.Array` or `ShapeDtypeStruct` become `jax.Array`s placed with
-        the template leaf's `.sharding` (the default device if it has none); leaves whose
-        template is a numpy array stay numpy arrays.
+        template is a `jax.Array` or `ShapeDtypeStruct` become `jax.Array`s placed
+        with the template leaf's `.sharding` (the default device if it has none);
+        leaves whose template is a numpy array stay numpy arrays, as in Equinox.
     - `strict`: if `False`, tensors in the file that the template does not have are
         ignored. Tensors the template needs but the file lacks are always an error.
 
@@ -631,17 +756,23 @@ def load(file: PathOrFile, like: Any, *, host: bool = False, strict: bool = True
             else:
                 wanted[key] = (index, leaf)
         for key, (_, leaf) in wanted.items():
-            shape, dtype = _template_shape_dtype(leaf)
+            shape, dtype = _template_shape_dtype(key, leaf)
             tensor = tensors.get(key)
             expected = _describe(dtype, shape)
             if tensor is None:
-                problems.append(f"missing from the file: {key} (template: {expected})")
+                problems.append(
+                    f"missing from the file: {_show(key)} (template: {expected})"
+                )
                 continue
             found = _describe(tensor.dtype, tensor.shape)
             if tensor.shape != shape:
-                problems.append(f"shape differs: {key} (template: {expected}, file: {found})")
+                problems.append(
+                    f"shape differs: {_show(key)} (template: {expected}, file: {found})"
+                )
             elif tensor.dtype != dtype:
-                problems.append(f"dtype differs: {key} (template: {expected}, file: {found})")
+                problems.append(
+                    f"dtype differs: {_show(key)} (template: {expected}, file: {found})"
+                )
             else:
                 problem = _check_jax_can_hold(key, dtype, leaf, host)
                 if problem is not None:
@@ -655,30 +786,34 @@ def load(file: PathOrFile, like: Any, *, host: bool = False, strict: bool = True
                         else ""
                     )
                     found = _describe(tensor.dtype, tensor.shape)
-                    problems.append(f"not in the template: {key} (file: {found}{there})")
+                    problems.append(
+                        f"not in the template: {_show(key)} (file: {found}{there})"
+                    )
         if problems:
             raise CheckpointError(
                 _format_problems(
                     source.name,
                     problems,
                     "Build the template with the hyperparameters of the saved model. "
-                    "Pass strict=False to ignore tensors that the template does not have.",
+                    "Pass strict=False to ignore tensors the template does not have.",
                 )
             )
 
         new_leaves = [leaf for _, leaf in paths_and_leaves]
+        in_flight = _InFlight()
         # In file order, so a path is read front to back.
         for key in sorted(wanted, key=lambda k: tensors[k].begin):
             index, leaf = wanted[key]
             tensor = tensors[key]
-            array = np.empty(tensor.shape, _little_endian(tensor.dtype))
+            array = _aligned_empty(tensor.shape, _little_endian(tensor.dtype))
             if array.nbytes:
                 view = memoryview(array.reshape(-1).view(np.uint8))
                 source.read_into(data_start + tensor.begin, view, f"tensor {key!r}")
             if array.dtype != tensor.dtype:
                 array = array.astype(tensor.dtype)  # big-endian hosts only
-            new_leaves[index] = _finish(array, leaf, host)
+            new_leaves[index] = in_flight.add(_finish(array, leaf, host))
             del array
+        in_flight.wait()
         source.file.seek(source.start + source.size)
     return jtu.tree_unflatten(treedef, new_leaves)
 
@@ -709,12 +844,12 @@ class _NpyReader:
             "(or is corrupt)"
         )
         return CheckpointError(
-            f"{self.name}, leaf {key or '<root>'} (blob #{self.count}, byte "
+            f"{self.name}, leaf {_show(key)} (blob #{self.count}, byte "
             f"{offset - self.start}): {why}. {hint}; nothing was loaded."
         )
 
     def header(self, key: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
-        """Reads the next blob's header: shape, Fortran order, dtype, offset of the blob."""
+        """Reads the next blob's header: shape, Fortran order, dtype, blob offset."""
         offset = self.file.tell()
         if offset >= self.end:
             raise self.fail(
@@ -735,26 +870,36 @@ class _NpyReader:
             raise self.fail(key, offset, f"no valid .npy header here ({err})") from None
         if dtype.hasobject:
             raise self.fail(
-                key, offset, f"the blob holds Python objects ({dtype}), which would need "
-                "pickle; it is never unpickled"
+                key,
+                offset,
+                f"the blob holds Python objects ({dtype}), which would need "
+                "pickle; it is never unpickled",
             )
         return tuple(shape), bool(fortran), dtype, offset
 
     def data(
-        self, key: str, offset: int, shape: tuple[int, ...], fortran: bool, dtype: np.dtype
+        self,
+        key: str,
+        offset: int,
+        shape: tuple[int, ...],
+        fortran: bool,
+        dtype: np.dtype,
     ) -> np.ndarray:
         nbytes = math.prod(shape) * dtype.itemsize
         left = self.end - self.file.tell()
         if nbytes > left:
             raise self.fail(
-                key, offset, f"the blob needs {nbytes} bytes but only {left} are left: "
-                "the file is truncated"
+                key,
+                offset,
+                f"the blob needs {nbytes} bytes but only {left} are left: "
+                "the file is truncated",
             )
-        array = np.empty(math.prod(shape), dtype)
+        array = _aligned_empty((math.prod(shape),), dtype)
         view = memoryview(array.view(np.uint8))
+        readinto = self.file.readinto  # pyright: ignore[reportAttributeAccessIssue]
         done = 0
         while done < nbytes:
-            got = self.file.readinto(view[done:])  # pyright: ignore[reportAttributeAccessIssue]
+            got = readinto(view[done:])
             if not got:
                 raise self.fail(key, offset, "the file ended inside this blob")
             done += got
@@ -842,7 +987,7 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
     - `file`: a path (a path without suffix gets `.eqx`, as in Equinox) or a seekable
         binary file object positioned at the checkpoint.
     - `like`: the AutoModule (or any pytree) to load into, concrete or with
-        `jax.ShapeDtypeStruct` arrays; built with the hyperparameters of the saved model.
+        `jax.ShapeDtypeStruct` arrays, built with the saved model's hyperparameters.
     - `host`: as for `load`.
 
     **Returns:**
@@ -852,22 +997,27 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
     with _open_eqx(file) as (f, name):
         reader = _NpyReader(f, name)
         loaded: dict[str, Any] = {}
+        in_flight = _InFlight()
         for path, leaf in jtu.tree_flatten_with_path(expose(like))[0]:
             key = jtu.keystr(path)
             if is_dynamic_leaf(leaf):
-                shape, dtype = _template_shape_dtype(leaf)
+                shape, dtype = _template_shape_dtype(key, leaf, known_only=False)
                 got_shape, fortran, got_dtype, offset = reader.header(key)
                 read_dtype = _read_dtype_for(got_dtype, dtype)
                 if got_shape != shape or read_dtype is None:
                     raise reader.fail(
-                        key, offset, f"the file has {_describe(got_dtype, got_shape)} "
-                        f"where the template has {_describe(dtype, shape)}"
+                        key,
+                        offset,
+                        f"the file has {_describe(got_dtype, got_shape)} "
+                        f"where the template has {_describe(dtype, shape)}",
                     )
                 problem = _check_jax_can_hold(key, dtype, leaf, host)
                 if problem is not None:
                     raise CheckpointError(problem)
-                array = _as_dtype(reader.data(key, offset, shape, fortran, read_dtype), dtype)
-                loaded[key] = _finish(array, leaf, host)
+                array = _as_dtype(
+                    reader.data(key, offset, shape, fortran, read_dtype), dtype
+                )
+                loaded[key] = in_flight.add(_finish(array, leaf, host))
             elif (kinds := _scalar_kinds(leaf)) is not None:
                 got_shape, fortran, got_dtype, offset = reader.header(key)
                 if got_shape != () or got_dtype.kind not in kinds:
@@ -877,10 +1027,10 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
                         f"the file has a {_describe(got_dtype, got_shape)} array where "
                         f"the template has the {type(leaf).__name__} {leaf!r}",
                         "The saved model has a different structure. If the Equinox "
-                        "model marks this field eqx.field(static=True), Equinox did not "
-                        "save it: load the file into the Equinox model with "
-                        "eqx.tree_deserialise_leaves, then move the arrays across with "
-                        "save and load, which go by key path",
+                        "model marks this field eqx.field(static=True), Equinox did "
+                        "not save it: load the file into the Equinox model with "
+                        "eqx.tree_deserialise_leaves, then move the arrays across "
+                        "with save and load, which go by key path",
                     )
                 stored = reader.data(key, offset, got_shape, fortran, got_dtype)
                 if not _same_value(stored, leaf):
@@ -889,8 +1039,8 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
                         offset,
                         f"the file stores {stored.item()!r} where the template has the "
                         f"static value {leaf!r}",
-                        "Build the template with the hyperparameters of the saved model "
-                        f"({key} = {stored.item()!r})",
+                        "Build the template with the hyperparameters of the saved "
+                        f"model ({_show(key)} = {stored.item()!r})",
                     )
             elif hasattr(leaf, "__jax_array__"):
                 # Saved by Equinox; static here. Its value must match, like a scalar's.
@@ -899,19 +1049,25 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
                 read_dtype = _read_dtype_for(got_dtype, expected.dtype)
                 if got_shape != expected.shape or read_dtype is None:
                     raise reader.fail(
-                        key, offset, f"the file has {_describe(got_dtype, got_shape)} "
-                        f"where the template has {_describe(expected.dtype, expected.shape)}"
+                        key,
+                        offset,
+                        f"the file has {_describe(got_dtype, got_shape)} "
+                        "where the template has "
+                        f"{_describe(expected.dtype, expected.shape)}",
                     )
                 stored = reader.data(key, offset, got_shape, fortran, read_dtype)
                 if _as_dtype(stored, expected.dtype).tobytes() != expected.tobytes():
-                    raise reader.fail(key, offset, "the stored value differs from the template's")
+                    raise reader.fail(
+                        key, offset, "the stored value differs from the template's"
+                    )
             # Anything else (functions, strings, None, ...) was not saved.
+        in_flight.wait()
         trailing = reader.end - f.tell()
         if trailing:
             raise CheckpointError(
-                f"{name}: {trailing} bytes are left after the {reader.count} blobs that the "
-                "template accounts for. The file was saved from a model with more leaves "
-                "than this template; nothing was loaded."
+                f"{name}: {trailing} bytes are left after the {reader.count} blobs "
+                "that the template accounts for. The file was saved from a model with "
+                "more leaves than this template; nothing was loaded."
             )
 
     def fill(path: tuple, leaf: Any) -> Any:
@@ -922,8 +1078,8 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
             return loaded[key]
         except KeyError:
             raise AssertionError(
-                f"internal error: the array at {key} was not met in the template's full "
-                "leaf order. Please report this."
+                f"internal error: the array at {_show(key)} was not met in the "
+                "template's full leaf order. Please report this."
             ) from None
 
     return jtu.tree_map_with_path(fill, like)
