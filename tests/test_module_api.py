@@ -325,3 +325,17 @@ def test_unflattened_instances_read_their_own_values_not_defaults():
     assert again.label == "mine" and again.w == 2
     assert WithDefault(jnp.ones(1)).label == "default"
     assert "label" not in vars(WithDefault)  # moved out of the class namespace
+
+
+def test_equinox_internals_are_checked_at_import(monkeypatch):
+    from autostatic import _compat
+
+    _compat._check_equinox()  # the installed version passes
+    installed = eqx.__version__
+    monkeypatch.setattr(eqx, "__version__", "0.14.1")
+    with pytest.raises(ImportError, match=r"equinox 0.14.1 is outside the verified range.*pip install"):
+        _compat._check_equinox()
+    monkeypatch.setattr(eqx, "__version__", installed)
+    monkeypatch.delattr(_compat._eqx_module, "_currently_initialising")
+    with pytest.raises(ImportError, match=r"cannot work with the installed equinox: equinox\._module\._module\._currently_initialising is missing"):
+        _compat._check_equinox()
