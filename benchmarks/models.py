@@ -24,6 +24,10 @@ Implementations (`IMPLS`):
 - `dict`: the arrays in plain dicts/lists (the physical floor); the non-array data is held
   outside the pytree and closed over by the jitted function, as hand-written JAX does.
 
+`python-node` (pytree-operation tables only) holds the MLP's arrays in the cheapest
+possible Python-registered node: the floor of any module class whose flatten/unflatten
+run in Python, as eqx.Module's and AutoModule's do.
+
 The twins are generated from the AutoModule classes' annotations (`_twin`), so every
 implementation has the same fields in the same order; only the static markers differ.
 Every forward function is written once, with attribute access; the `dict` floor sees an
@@ -407,6 +411,38 @@ def build_mixed(impl: str, arrays: dict[str, jax.Array]) -> Built:
     linear = kit.node("Linear", weight=arrays["weight"], bias=arrays["bias"])
     parts = [linear, kit.box(jax.nn.relu), kit.box(3), {"w": arrays["w"], "tag": kit.box("x")}]
     return _finish(impl, kit.node("Mixed", parts=parts))
+
+
+# --------------------------------------------------------------------------------------
+# A reference point for the pytree-operation tables only (not a model implementation):
+# the cheapest possible node whose flatten/unflatten run in Python, as every eqx.Module
+# and AutoModule node does. Its unflatten is `object.__new__` plus one slot write.
+# --------------------------------------------------------------------------------------
+
+PYNODE = "python-node"
+
+
+class PyNode:
+    __slots__ = ("children",)
+
+
+def _pynode_flatten(node: PyNode) -> tuple[tuple[Any, ...], None]:
+    return node.children, None
+
+
+def _pynode_unflatten(aux: None, children: tuple[Any, ...]) -> PyNode:
+    node = object.__new__(PyNode)
+    node.children = children
+    return node
+
+
+jtu.register_pytree_node(PyNode, _pynode_flatten, _pynode_unflatten)
+
+
+def build_pynode_mlp(arrays: Sequence[tuple[jax.Array, jax.Array]]) -> Built:
+    """The MLP's arrays as `PyNode(layers=[PyNode(w, b), ...])`: the floor of any
+    Python-registered module class (same node count as the module implementations)."""
+    return Built(PYNODE, _pynode_unflatten(None, ([_pynode_unflatten(None, (w, b)) for w, b in arrays],)))
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""The interleaved timing harness and its statistics.
+
+Method (the same as the independent anchor harness, so numbers are comparable):
+
+- every cell (one operation of one implementation) is timed in timeit-style batches: a
+  tight `for _ in itertools.repeat(None, n)` loop whose length `n` is calibrated so one
+  batch takes about `target_batch_s`; the sample is the batch's mean time per operation;
+- the garbage collector is off while timing (it is run between rounds instead), so a
+  collection triggered by one cell's garbage is not charged to another cell; the heap
+  that exists before timing starts is frozen (`gc.freeze`), so those collections only
+  scan new objects (a full collection of a process holding jax, equinox and every
+  model takes ~0.1 s, which would otherwise dominate quick runs);
+- every round runs all cells once, in a freshly shuffled order, so slow drifts of a
+  shared, noisy machine (other jobs, CPU frequency) hit every cell alike;
+- ratios are paired per round (cell / reference in the same round, then the median),
+  so drift cancels instead of adding to the spread;
+- results are medians with the interquartile range, never means.
+"""
+
+import gc
+import itertools
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+Samples = dict[str, list[float]]
+
+
+_frozen_depth = 0
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collects once, then hides every existing object from the collector until exit.
+
+    Re-entrant: an inner use freezes the objects made since, and only the outermost
+    exit unfreezes.
+    """
+    global _frozen_depth
+    gc.collect()
+    gc.freeze()
+    _frozen_depth += 1
+    try:
+        yield
+    finally:
+        _frozen_depth -= 1
+        if _frozen_depth == 0:
+            gc.unfreeze()
+
+
+def _batch(fn: Callable[[], Any], n: int) -> float:
+    """Mean seconds per call over `n` back-to-back calls."""
+    loop = itertools.repeat(None, n)
+    clock = time.perf_counter
+    start = clock()
+    for _ in loop:
+        fn()
+    return (clock() - start) / n
+
+
+def calibrate(fn: Callable[[], Any], target_batch_s: float, max_loops: int = 100_000) -> int:
+    """The number of calls that makes one batch last about `target_batch_s`."""
+    fn()  # warm up (first-call caches, lazy attributes)
+    n = 1
+    while True:
+        per_call = _batch(fn, n)
+        if per_call * n >= target_batch_s / 4 or n >= max_loops:
+            break
+        n = min(max_loops, n * 10)
+    return max(1, min(max_loops, round(target_batch_s / max(per_call, 1e-9))))
+
+
+def run_interleaved(
+    cells: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    target_batch_s: float = 2e-3,
+    *,
+    loops: Mapping[str, int] | None = None,
+    seed: int = 0,
+    min_rounds: int = 5,
+    max_seconds: float | None = None,
+) -> Samples:
+    """Times every cell once per round, in a reshuffled order every round.
+
+    `loops` fixes the batch length of some cells (1 for cells that already are a whole
+    loop, such as K training steps); the others are calibrated. After `min_rounds`,
+    stops early once `max_seconds` have passed (a wall-time budget for quick runs).
+    Returns per-cell lists of per-call seconds, one value per round.
+    """
+    loops = dict(loops or {})
+    for key, fn in cells.items():
+        if key not in loops:
+            loops[key] = calibrate(fn, target_batch_s)
+        else:
+            fn()  # warm up
+    rng = random.Random(seed)
+    order = list(cells)
+    samples: Samples = {key: [] for key in cells}
+    was_enabled = gc.isenabled()
+    with frozen_heap():
+        start = time.perf_counter()
+        try:
+            for r in range(rounds):
+                gc.collect()  # only objects made since the heap was frozen: cheap
+                gc.disable()
+                rng.shuffle(order)
+                for key in order:
+                    samples[key].append(_batch(cells[key], loops[key]))
+                gc.enable()
+                elapsed = time.perf_counter() - start
+                if max_seconds is not None and r + 1 >= min_rounds and elapsed > max_seconds:
+                    break
+        finally:
+            if was_enabled:
+                gc.enable()
+            else:
+                gc.disable()
+    return samples
+
+
+def summary(values: Iterable[float]) -> dict[str, float]:
+    """Median and quartiles (inclusive method; a single value is its own IQR)."""
+    data = sorted(values)
+    if not data:
+        return {"median": float("nan"), "q1": float("nan"), "q3": float("nan"), "n": 0}
+    if len(data) == 1:
+        q1 = q3 = data[0]
+    else:
+        q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    return {"median": statistics.median(data), "q1": q1, "q3": q3, "n": len(data)}
+
+
+def paired_ratio(values: list[float], reference: list[float]) -> dict[str, float]:
+    """Median (IQR) of the per-round ratios `values[r] / reference[r]`."""
+    ratios = [v / ref for v, ref in zip(values, reference) if ref > 0]
+    return summary(ratios)
+
+
+def timed_once(fn: Callable[[], Any]) -> float:
+    """Seconds for one call, with the collector off (used for first-call timings)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def busy_wait(seconds: float) -> None:
+    """Host-side Python work that holds the interpreter (not a sleep)."""
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
