@@ -21,7 +21,7 @@ unflattening only creates the instance and fills that slot; the attributes are f
 from it on first access (`materialise`).
 """
 
-import warnings
+import types
 import weakref
 from typing import Any, Final
 
@@ -38,6 +38,7 @@ FLAT: Final = "__autostatic_flat__"  # the name of the slot on AutoModule
 DYNAMIC: Final = 0
 STATIC: Final = 1
 MIXED: Final = 2
+GUARDED: Final = 3  # static, with a type whose `==` runs in Python (see `Aux`)
 
 _object_getattribute = object.__getattribute__
 _object_setattr = object.__setattr__
@@ -56,19 +57,20 @@ def is_dynamic_leaf(x: Any) -> bool:
 class Layout:
     """Which field is which kind, shared by every instance of a class with that split."""
 
-    __slots__ = ("cls", "kinds", "dynamic_names", "dynamic_keys", "mixed", "static_names")
+    __slots__ = (
+        "cls", "kinds", "dynamic_names", "dynamic_keys", "mixed", "static_names", "guarded"
+    )
 
     def __init__(self, cls: type, names: tuple[str, ...], kinds: tuple[int, ...]):
+        dynamic = [k for k in kinds if k in (DYNAMIC, MIXED)]
+        static = [k for k in kinds if k in (STATIC, GUARDED)]
         self.cls = cls
         self.kinds = kinds
-        self.dynamic_names = tuple(n for n, k in zip(names, kinds) if k != STATIC)
+        self.dynamic_names = tuple(n for n, k in zip(names, kinds) if k in (DYNAMIC, MIXED))
         self.dynamic_keys = tuple(jtu.GetAttrKey(n) for n in self.dynamic_names)
-        self.mixed = tuple(
-            i
-            for i, k in enumerate(k for k in kinds if k != STATIC)
-            if k == MIXED
-        )
-        self.static_names = tuple(n for n, k in zip(names, kinds) if k == STATIC)
+        self.mixed = tuple(i for i, k in enumerate(dynamic) if k == MIXED)
+        self.static_names = tuple(n for n, k in zip(names, kinds) if k in (STATIC, GUARDED))
+        self.guarded = tuple(i for i, k in enumerate(static) if k == GUARDED)
 
     def __reduce__(self):
         return (layout_for, (self.cls, self.kinds))
@@ -104,45 +106,16 @@ def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
     )
 
 
-class Aux:
-    """The aux data of an AutoModule node: its layout and its static values.
+# The aux data of an AutoModule node is a plain tuple `(layout, *static_values)`, so
+# that JAX's treedef comparison (what every jit cache lookup does, as a treedef hash
+# ignores aux data) runs in C: the layout by identity, then each static value with `==`.
+# A static value whose type compares in Python (and so may raise) is kept in a
+# `StaticLeaf`, whose `__eq__` names the attribute if the comparison fails.
+Aux = tuple
 
-    JAX hashes a treedef without its aux data and compares aux data with `==`, so
-    equality here decides jit cache hits: same layout and `==` static values.
-    """
 
-    __slots__ = ("layout", "static_values")
-
-    def __init__(self, layout: Layout, static_values: tuple[Any, ...]):
-        self.layout = layout
-        self.static_values = static_values
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if type(other) is not Aux or self.layout is not other.layout:
-            return False
-        try:
-            return self.static_values == other.static_values
-        except Exception as err:
-            for name, a, b in zip(
-                self.layout.static_names, self.static_values, other.static_values
-            ):
-                try:
-                    bool(a is b or a == b)
-                except Exception:
-                    where = f"{self.layout.cls.__qualname__}.{name}"
-                    raise _uncomparable(where, a, b, err) from err
-            raise
-
-    def __hash__(self) -> int:
-        return hash(self.layout)
-
-    def __repr__(self) -> str:
-        items = ", ".join(
-            f"{n}={v!r}" for n, v in zip(self.layout.static_names, self.static_values)
-        )
-        return f"Aux({self.layout.cls.__qualname__}: {items})"
+def _compares_in_python(value: Any) -> bool:
+    return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
 
 
 class StaticLeaf:
@@ -290,10 +263,17 @@ def compute_partition(
             value = freeze(value, path)
         values[name] = value
         kind, part = _split_field(qualname, name, value, forced_static, warn)
+        if kind == STATIC:
+            if _compares_in_python(part) or any(
+                map(_compares_in_python, jtu.tree_leaves(part))
+            ):
+                kind, part = GUARDED, StaticLeaf(part, f"{qualname}.{name}")
+            static_values.append(part)
+        else:
+            children.append(part)
         kinds.append(kind)
-        (static_values if kind == STATIC else children).append(part)
     layout = layout_for(cls, tuple(kinds))
-    return values, (tuple(children), Aux(layout, tuple(static_values)))
+    return values, (tuple(children), (layout, *static_values))
 
 
 _get_flat: Any = None  # the slot's descriptor methods, bound by `bind_slot`
@@ -322,7 +302,7 @@ def flatten(obj: Any) -> tuple[tuple[Any, ...], Aux]:
 
 def flatten_with_keys(obj: Any):
     children, aux = flatten(obj)
-    return tuple(zip(aux.layout.dynamic_keys, children)), aux
+    return tuple(zip(aux[0].dynamic_keys, children)), aux
 
 
 def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
@@ -343,8 +323,11 @@ def materialise(obj: Any) -> dict[str, Any]:
             children, aux = _get_flat(obj)
         except AttributeError:  # still in __init__, before anything was assigned
             return attrs
-        layout = aux.layout
-        attrs.update(zip(layout.static_names, aux.static_values))
+        layout = aux[0]
+        attrs.update(zip(layout.static_names, aux[1:]))
+        for i in layout.guarded:
+            name = layout.static_names[i]
+            attrs[name] = attrs[name].value
         if layout.mixed:
             values = list(children)
             for i in layout.mixed:
