@@ -318,7 +318,10 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
 def materialise(obj: Any) -> dict[str, Any]:
     """Returns the `__dict__` of `obj` with every field filled in."""
     attrs = _object_getattribute(obj, "__dict__")
-    if not attrs:
+    fields = type(obj).__autostatic_fields__
+    # Filled in already, unless the first field is missing: other entries (e.g. from
+    # `functools.cached_property`) may have arrived first.
+    if fields and fields[0][0] not in attrs:
         try:
             children, aux = _get_flat(obj)
         except AttributeError:  # still in __init__, before anything was assigned

@@ -339,3 +339,19 @@ def test_equinox_internals_are_checked_at_import(monkeypatch):
     monkeypatch.delattr(_compat._eqx_module, "_currently_initialising")
     with pytest.raises(ImportError, match=r"cannot work with the installed equinox: equinox\._module\._module\._currently_initialising is missing"):
         _compat._check_equinox()
+
+
+def test_cached_property_on_a_lazily_unflattened_instance():
+    import functools
+
+    class WithCache(asx.AutoModule):
+        w: jax.Array
+        n: int
+
+        @functools.cached_property
+        def constant(self):
+            return 42  # reads no field, so it lands in __dict__ before the fields
+
+    m = jax.tree_util.tree_map(lambda x: x + 1, WithCache(jnp.ones(2), 3))
+    assert m.constant == 42
+    assert m.n == 3 and m.w.tolist() == [2.0, 2.0]
