@@ -8,17 +8,19 @@ Equinox's bound methods hash their module's field values, which fails on arrays
 Here a bound method hashes and compares by its function and its module, and a module
 by its static data and the *identity* of its array leaves (`AutoModule.__hash__`):
 never a stale trace for another module's arrays, never an error on tracers, and, as
-each instance hands out the same bound method object every time, no retrace when the
-same module's method is used again.
+each instance hands out the same bound method object while it lives, no retrace when the
+same module's method is used again while its bound method (or the list of branches)
+is kept.
 """
 
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
 
-_METHODS: str = "__autostatic_methods__"  # slot on AutoModule: name -> BoundMethod
+_METHODS: str = "__autostatic_methods__"  # slot: descriptor -> weakref to BoundMethod
 _object_getattribute = object.__getattribute__
 _NOT_WRAPPED = (staticmethod, classmethod, property, type, types.BuiltinFunctionType)
 
@@ -90,16 +92,22 @@ class MethodDescriptor:
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self.func
+        # The instance remembers its bound methods *weakly*: `m.f is m.f` while the
+        # first one is alive (so a kept list of `lax.switch` branches hits JAX's trace
+        # cache), without a module -> method -> module cycle that would keep the
+        # module's arrays alive until the next cyclic garbage collection. Keyed by
+        # descriptor, since a parent's `f` reached through `super()` is another method.
         try:
             methods = _get_methods(instance)
         except AttributeError:
             methods = {}
             _set_methods(instance, methods)
-        try:
-            return methods[self.name]
-        except KeyError:
-            method = methods[self.name] = BoundMethod(self.func, instance)
-            return method
+        ref = methods.get(self)
+        method = ref() if ref is not None else None
+        if method is None:
+            method = BoundMethod(self.func, instance)
+            methods[self] = weakref.ref(method)
+        return method
 
     @property
     def __wrapped__(self) -> Callable[..., Any]:

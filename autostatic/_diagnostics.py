@@ -133,8 +133,9 @@ class Reason:
 
 
 def _static_equal(a: Any, b: Any) -> bool:
+    """As the jit cache compares static values: same type, then `==`."""
     try:
-        return bool(a is b or a == b)
+        return a is b or (type(a) is type(b) and bool(a == b))
     except Exception:
         return False
 

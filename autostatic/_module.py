@@ -38,6 +38,13 @@ class _AutoModuleMeta(ModuleMeta):
                 if cls.__dict__.get(f.name, _NOTHING) is f.default:
                     delattr(cls, f.name)
         cls.__autostatic_defaults__ = defaults
+        # A field name that still resolves on the class (a default or constant of a
+        # non-AutoModule base, a parent's method) would shadow a lazily unflattened
+        # instance's empty __dict__: such classes fill attributes in at unflatten.
+        names = {f.name for f in fields}
+        cls.__autostatic_eager__ = any(
+            name in vars(klass) for klass in cls.__mro__ for name in names
+        )
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract
         # eqx.Module kept during a migration), are bound as pytree-and-hashable
         # `BoundMethod`s; AutoModule bases did this for their own already.
@@ -50,7 +57,7 @@ class _AutoModuleMeta(ModuleMeta):
         for attrs in own:
             for attr, value in attrs.items():
                 if (
-                    attr not in defaults
+                    attr not in names
                     and _bound_method.wraps_as_method(attr, value)
                     and inspect.getattr_static(cls, attr) is value
                 ):
@@ -139,19 +146,28 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
         )
 
     def __getattr__(self, name: str) -> Any:
-        # Reached only when normal lookup fails: a lazily unflattened instance, or
-        # a field with a default that a custom __init__ did not set.
-        attrs = _partition.materialise(self)
-        try:
-            return attrs[name]
-        except KeyError:
-            pass
-        try:
-            return type(self).__autostatic_defaults__[name]
-        except KeyError:
-            raise AttributeError(
-                f"{type(self).__qualname__!r} object has no attribute {name!r}"
-            ) from None
+        # Reached only when normal lookup fails: a lazily unflattened instance, a
+        # field with a default that a custom __init__ did not set, or a property
+        # whose body raised AttributeError.
+        cls = type(self)
+        if name in cls.__dataclass_fields__:
+            attrs = _partition.materialise(self)
+            try:
+                return attrs[name]
+            except KeyError:
+                pass
+            try:
+                return cls.__autostatic_defaults__[name]
+            except KeyError:
+                pass
+        else:
+            descriptor = next(
+                (vars(k)[name] for k in cls.__mro__ if name in vars(k)), None
+            )
+            if hasattr(type(descriptor), "__get__"):
+                # Let the descriptor's own error through, not a misleading one.
+                return descriptor.__get__(self, cls)
+        raise AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(

@@ -93,8 +93,8 @@ def layout_for(cls: type, kinds: tuple[int, ...]) -> Layout:
         return per_class[kinds]
     except KeyError:
         names = tuple(name for name, _ in cls.__autostatic_fields__)
-        layout = per_class[kinds] = Layout(cls, names, kinds)
-        return layout
+        # setdefault: threads constructing the first instances at once share one.
+        return per_class.setdefault(kinds, Layout(cls, names, kinds))
 
 
 def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
@@ -106,9 +106,11 @@ def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
     )
 
 
-# The aux data of an AutoModule node is a plain tuple `(layout, *static_values)`, so
-# that JAX's treedef comparison (what every jit cache lookup does, as a treedef hash
-# ignores aux data) runs in C: the layout by identity, then each static value with `==`.
+# The aux data of an AutoModule node is a plain tuple `(layout, types, *static_values)`,
+# so that JAX's treedef comparison (what every jit cache lookup does, as a treedef hash
+# ignores aux data) runs in C: the layout by identity, the static values' types (so
+# that `1`, `1.0` and `True`, equal under `==`, do not share a compiled program), then
+# each static value with `==`.
 # A static value whose type compares in Python (and so may raise) is kept in a
 # `StaticLeaf`, whose `__eq__` names the attribute if the comparison fails.
 Aux = tuple
@@ -138,7 +140,7 @@ class StaticLeaf:
             return False
         a, b = self.value, other.value
         try:
-            return bool(a is b or a == b)
+            return a is b or (type(a) is type(b) and bool(a == b))
         except Exception as err:
             raise _uncomparable(self.where, a, b, err) from err
 
@@ -160,8 +162,28 @@ def _unwrap(x: Any) -> Any:
     return x.value if type(x) is StaticLeaf else x
 
 
+def _map_preserving(
+    node: Any, fn: Any, is_leaf: Any = None, path: str = ""
+) -> Any:
+    """`tree_map` with key paths that rebuilds only the nodes above a changed leaf.
+
+    Every untouched sub-node stays the very same object, so the attribute value and the
+    pytree child share them and `eqx.tree_at`, which finds nodes by identity, can
+    address a sub-node of a mixed attribute (`m.layers[-1]`).
+    """
+    if is_leaf is not None and is_leaf(node):
+        return fn(node, path)
+    pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
+    if jtu.treedef_is_leaf(treedef):
+        return fn(node, path)
+    new = [_map_preserving(c, fn, is_leaf, path + jtu.keystr(k)) for k, c in pairs]
+    if all(a is b for a, (_, b) in zip(new, pairs)):
+        return node
+    return jtu.tree_unflatten(treedef, new)
+
+
 def unwrap_static_leaves(child: Any) -> Any:
-    return jtu.tree_map(_unwrap, child, is_leaf=_is_static_leaf)
+    return _map_preserving(child, lambda x, _: _unwrap(x), _is_static_leaf)
 
 
 def _static_problem(value: Any) -> str | None:
@@ -228,13 +250,10 @@ def _split_field(
             warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}", 4)
     if kind == STATIC:
         return STATIC, value
-    assert treedef is not None
-    paths = paths or _leaf_paths(value)
-    wrapped = [
-        leaf if flag else StaticLeaf(leaf, where + path)
-        for leaf, flag, path in zip(leaves, flags, paths)
-    ]
-    return MIXED, jtu.tree_unflatten(treedef, wrapped)
+    def wrap(leaf: Any, path: str) -> Any:
+        return leaf if is_dynamic_leaf(leaf) else StaticLeaf(leaf, where + path)
+
+    return MIXED, _map_preserving(value, wrap)
 
 
 def compute_partition(
@@ -273,7 +292,8 @@ def compute_partition(
             children.append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
-    return values, (tuple(children), (layout, *static_values))
+    types = tuple(map(type, static_values))
+    return values, (tuple(children), (layout, types, *static_values))
 
 
 _get_flat: Any = None  # the slot's descriptor methods, bound by `bind_slot`
@@ -312,6 +332,8 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     # never looked into.
     obj = _object_new(cls)
     _set_flat(obj, (children, aux))
+    if cls.__autostatic_eager__:
+        materialise(obj)
     return obj
 
 
@@ -327,7 +349,7 @@ def materialise(obj: Any) -> dict[str, Any]:
         except AttributeError:  # still in __init__, before anything was assigned
             return attrs
         layout = aux[0]
-        attrs.update(zip(layout.static_names, aux[1:]))
+        attrs.update(zip(layout.static_names, aux[2:]))
         for i in layout.guarded:
             name = layout.static_names[i]
             attrs[name] = attrs[name].value

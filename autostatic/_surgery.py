@@ -42,7 +42,7 @@ def expose(tree: Any) -> Any:
         attrs = _partition.materialise(module)
         values = tuple(_map_modules(expose_module, attrs[n]) for n in names)
         everything_dynamic = (_partition.DYNAMIC,) * len(names)
-        aux = (_partition.layout_for(cls, everything_dynamic),)
+        aux = (_partition.layout_for(cls, everything_dynamic), ())
         return _partition.unflatten(cls, aux, values)
 
     return _map_modules(expose_module, tree)

@@ -148,12 +148,13 @@ def test_no_retrace_for_the_same_module_and_no_stale_cache_across_modules():
 
     x = jnp.ones(3)
     m = Lin(jnp.full(3, 2.0))
+    branches = [m.f, m.f]
     for _ in range(3):
-        np.testing.assert_allclose(jax.lax.switch(0, [m.f, m.f], x), 2.0)
+        np.testing.assert_allclose(jax.lax.switch(0, branches, x), 2.0)
     first = counter.count
     assert first >= 1
     for _ in range(3):
-        jax.lax.switch(1, [m.f, m.f], x)
+        jax.lax.switch(1, [m.f, m.f], x)  # m.f is branches[0] while that lives
     assert counter.count == first  # the same module's method: cache hit
     other = Lin(jnp.full(3, 5.0))
     np.testing.assert_allclose(jax.lax.switch(0, [other.f, other.f], x), 5.0)
@@ -169,6 +170,39 @@ def test_no_retrace_for_the_same_module_and_no_stale_cache_across_modules():
     for mod in (m, other, m):
         run(mod, 0, x)
     assert jit_counter.count == 1
+
+
+def test_calling_a_method_creates_no_reference_cycle():
+    import weakref
+
+    gc.disable()
+    try:
+        m = M(jnp.ones((100, 100)))
+        m.f(1.0)
+        jax.lax.switch(0, [m.f, m], jnp.ones((100, 100)))
+        ref = weakref.ref(m)
+        del m
+        assert ref() is None  # freed by reference counting alone, no GC needed
+    finally:
+        gc.enable()
+
+
+def test_super_reaches_the_parent_method():
+    class Parent(asx.AutoModule):
+        w: jax.Array
+
+        def f(self, x):
+            return x + 1
+
+    class Child(Parent):
+        def f(self, x):
+            return super().f(x) * 10
+
+        def g(self, x):
+            return super().f(x)
+
+    c = Child(jnp.ones(1))
+    assert c.f(1) == 20 and c.g(1) == 2 and c.f(1) == 20
 
 
 def test_switch_loop_does_not_keep_modules_alive():

@@ -355,3 +355,41 @@ def test_cached_property_on_a_lazily_unflattened_instance():
     m = jax.tree_util.tree_map(lambda x: x + 1, WithCache(jnp.ones(2), 3))
     assert m.constant == 42
     assert m.n == 3 and m.w.tolist() == [2.0, 2.0]
+
+
+def test_fields_shadowing_base_class_attributes_read_the_instance_value():
+    class Base(eqx.Module):  # a non-AutoModule base with a default: stays on Base
+        k: int = 3
+
+    class Mixed(Base, asx.AutoModule):
+        w: jax.Array = None
+
+    m = Mixed(k=5, w=jnp.ones(2))
+    np.testing.assert_allclose(jax.jit(lambda m: m.k * m.w)(m), [5.0, 5.0])
+    assert jax.tree_util.tree_map(lambda x: x, m).k == 5
+
+    class Parent(asx.AutoModule):
+        w: jax.Array
+
+        def norm(self):
+            return "method"
+
+    class Child(Parent):
+        norm: str = "default"
+
+    child = jax.tree_util.tree_map(lambda x: x, Child(jnp.ones(1), "field"))
+    assert child.norm == "field"
+
+
+def test_attribute_error_inside_a_property_is_not_masked():
+    class P(asx.AutoModule):
+        w: jax.Array
+
+        @property
+        def bad(self):
+            return self.w.nonexistent
+
+    with pytest.raises(AttributeError, match="nonexistent"):
+        P(jnp.ones(1)).bad
+    with pytest.raises(AttributeError, match="has no attribute 'missing'"):
+        P(jnp.ones(1)).missing

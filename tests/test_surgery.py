@@ -141,3 +141,26 @@ def test_spectral_norm_inside_automodule():
         model, state = eqx.nn.make_with_state(SN)(KEY)
     out, state = jax.jit(lambda m, x, s: m.layer(x, s))(model, jnp.ones(3), state)
     assert out.shape == (3,)
+
+
+def test_eqx_tree_at_replaces_a_sub_node_of_a_mixed_attribute_as_in_equinox():
+    key = jax.random.key(0)
+
+    class Stack(asx.AutoModule):
+        layers: list
+
+        def __init__(self):
+            self.layers = [eqx.nn.Linear(2, 8, key=key), jax.nn.relu, eqx.nn.Linear(8, 1, key=key)]
+
+    class EqxStack(eqx.Module):
+        layers: list
+        __init__ = Stack.__init__
+
+    new_last = eqx.nn.Linear(8, 3, key=key)
+    auto = eqx.tree_at(lambda m: m.layers[-1], Stack(), new_last)
+    ref = eqx.tree_at(lambda m: m.layers[-1], EqxStack(), new_last)
+    assert auto.layers[-1].weight.shape == ref.layers[-1].weight.shape == (3, 8)
+    assert auto.layers[1] is jax.nn.relu
+    assert keystrs(auto) == [p for p in keystrs(ref) if not p.startswith(".layers[1]")]
+    out = jax.jit(lambda m, x: m.layers[2](m.layers[1](m.layers[0](x))))(auto, jnp.ones(2))
+    assert out.shape == (3,)

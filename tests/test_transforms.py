@@ -156,3 +156,35 @@ def test_module_as_jit_output_keeps_statics():
     out = jax.jit(lambda m: jax.tree_util.tree_map(lambda x: x + 1, m))(model)
     assert type(out) is AutoMLP and out.scale == 0.25
     assert out.layers[0].activation is jax.nn.relu
+
+
+def test_equal_static_values_of_other_types_do_not_share_a_trace():
+    class Scaled(asx.AutoModule):
+        w: jax.Array
+        scale: object
+
+    f = jax.jit(lambda m: m.w * m.scale)
+    assert f(Scaled(jnp.arange(3), 1)).dtype == jnp.int32
+    assert f(Scaled(jnp.arange(3), 1.0)).dtype == jnp.float32
+    assert _traces(lambda m, x: m.w * m.scale, [Scaled(jnp.ones(1), v) for v in (1, 1.0, True)]) == 3
+    assert asx.retrace_reasons(Scaled(jnp.ones(1), 1), Scaled(jnp.ones(1), 1.0))
+
+
+def test_threads_constructing_at_once_share_one_structure():
+    import concurrent.futures
+    import sys
+
+    class Fresh(asx.AutoModule):
+        w: jax.Array
+        n: int
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            modules = list(pool.map(lambda i: Fresh(jnp.ones(2), 3), range(8)))
+    finally:
+        sys.setswitchinterval(interval)
+    treedefs = {jax.tree_util.tree_structure(m) for m in modules}
+    first = jax.tree_util.tree_structure(modules[0])
+    assert all(jax.tree_util.tree_structure(m) == first for m in modules), treedefs
