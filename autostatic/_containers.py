@@ -9,8 +9,9 @@ to, and behave like, the built-in containers for reading, and their key paths ar
 of the built-ins (`SequenceKey`, `DictKey` in sorted key order).
 """
 
+from collections import defaultdict, OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, NoReturn
+from typing import Any
 
 import jax.tree_util as jtu
 
@@ -25,9 +26,11 @@ def format_path(path: ContainerPath) -> str:
     return str(head) + "".join(f"[{key!r}]" for key in keys)
 
 
-def _refuse(method: str) -> Callable[..., NoReturn]:
-    def refuse(self: Any, *args: object, **kwargs: object) -> NoReturn:
+def _refuse(method: str) -> Callable[..., Any]:
+    def refuse(self: Any, *args: object, **kwargs: object) -> Any:
         kind = type(self).__mro__[1].__name__
+        if not getattr(self, "_sealed", False):  # OrderedDict.__init__ inserts by []=
+            return getattr(type(self).__mro__[1], method)(self, *args, **kwargs)
         raise TypeError(
             f"{format_path(self._path)} cannot be modified ({kind}.{method}): the "
             "attributes of an AutoModule are immutable after __init__, because its "
@@ -48,11 +51,12 @@ def _add_refusals(cls: type, methods: Iterable[str]) -> None:
 class FrozenList(list):
     """A `list` that refuses in-place modification."""
 
-    __slots__ = ("_path",)
+    __slots__ = ("_path", "_sealed")
 
     def __init__(self, items: Iterable[Any] = (), path: ContainerPath = ()):
         list.__init__(self, items)
         self._path = path
+        self._sealed = True
 
     def __reduce__(self):
         return (FrozenList, (list(self), self._path))
@@ -61,12 +65,13 @@ class FrozenList(list):
 class FrozenDict(dict):
     """A `dict` that refuses in-place modification."""
 
-    __slots__ = ("_path", "_sorted_keys")
+    __slots__ = ("_path", "_sorted_keys", "_sealed")
 
     def __init__(self, items: Any = (), path: ContainerPath = ()):
         dict.__init__(self, items)
         self._path = path
         self._sorted_keys = tuple(sorted(dict.keys(self)))
+        self._sealed = True
 
     def __reduce__(self):
         return (FrozenDict, (dict(self), self._path))
@@ -75,16 +80,57 @@ class FrozenDict(dict):
 class FrozenSet(set):
     """A `set` that refuses in-place modification."""
 
-    __slots__ = ("_path",)
+    __slots__ = ("_path", "_sealed")
 
     def __init__(self, items: Iterable[Any] = (), path: ContainerPath = ()):
         set.__init__(self, items)
         self._path = path
+        self._sealed = True
 
     def __reduce__(self):
         return (FrozenSet, (set(self), self._path))
 
 
+class FrozenOrderedDict(OrderedDict):
+    """An `OrderedDict` that refuses in-place modification (keys in insertion order,
+    as JAX flattens an `OrderedDict`)."""
+
+    def __init__(self, items: Any = (), path: ContainerPath = ()):
+        OrderedDict.__init__(self, items)
+        self._path = path
+        self._sealed = True
+
+    def __reduce__(self):
+        return (FrozenOrderedDict, (list(self.items()), self._path))
+
+
+class FrozenDefaultDict(defaultdict):
+    """A `defaultdict` that refuses in-place modification; a missing key gives the
+    default without storing it."""
+
+    __slots__ = ("_path", "_sorted_keys", "_sealed")
+
+    def __init__(self, factory: Any, items: Any = (), path: ContainerPath = ()):
+        defaultdict.__init__(self, factory, items)
+        self._path = path
+        self._sorted_keys = tuple(sorted(dict.keys(self)))
+        self._sealed = True
+
+    def __missing__(self, key: Any) -> Any:
+        if self.default_factory is None:
+            raise KeyError(key)
+        return self.default_factory()
+
+    def __reduce__(self):
+        return (FrozenDefaultDict, (self.default_factory, dict(self), self._path))
+
+
+_DICT_MUTATORS = (
+    "__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault",
+    "__ior__",
+)
+_add_refusals(FrozenOrderedDict, (*_DICT_MUTATORS, "move_to_end"))
+_add_refusals(FrozenDefaultDict, _DICT_MUTATORS)
 _add_refusals(
     FrozenList,
     (
@@ -142,11 +188,30 @@ jtu.register_pytree_with_keys(
 jtu.register_pytree_with_keys(
     FrozenDict, _dict_flatten_with_keys, _dict_unflatten, flatten_func=_dict_flatten
 )
+jtu.register_pytree_with_keys(
+    FrozenOrderedDict,
+    lambda x: (tuple((jtu.DictKey(k), v) for k, v in x.items()), (tuple(x), x._path)),
+    lambda aux, children: FrozenOrderedDict(zip(aux[0], children), aux[1]),
+    flatten_func=lambda x: (tuple(x.values()), (tuple(x), x._path)),
+)
+jtu.register_pytree_with_keys(
+    FrozenDefaultDict,
+    lambda x: (
+        tuple((jtu.DictKey(k), dict.__getitem__(x, k)) for k in x._sorted_keys),
+        (x.default_factory, x._sorted_keys, x._path),
+    ),
+    lambda aux, children: FrozenDefaultDict(aux[0], zip(aux[1], children), aux[2]),
+    flatten_func=lambda x: (
+        tuple(dict.__getitem__(x, k) for k in x._sorted_keys),
+        (x.default_factory, x._sorted_keys, x._path),
+    ),
+)
 
 
 def freeze(value: Any, path: ContainerPath) -> Any:
-    """Returns `value` with every list, dict and set reachable through built-in
-    containers replaced by its frozen twin. Other objects are returned as they are."""
+    """Returns `value` with every list, dict (also `OrderedDict`, `defaultdict`) and set
+    reachable through built-in containers replaced by its frozen twin. Other objects
+    are returned as they are."""
     kind = type(value)
     if kind is list or kind is FrozenList:
         return FrozenList(
@@ -155,6 +220,16 @@ def freeze(value: Any, path: ContainerPath) -> Any:
     if kind is dict or kind is FrozenDict:
         return FrozenDict(
             {key: freeze(item, path + (key,)) for key, item in value.items()}, path
+        )
+    if kind is OrderedDict or kind is FrozenOrderedDict:
+        return FrozenOrderedDict(
+            [(key, freeze(item, path + (key,))) for key, item in value.items()], path
+        )
+    if kind is defaultdict or kind is FrozenDefaultDict:
+        return FrozenDefaultDict(
+            value.default_factory,
+            {key: freeze(item, path + (key,)) for key, item in value.items()},
+            path,
         )
     if kind is set:
         return FrozenSet(value, path)

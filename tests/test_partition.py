@@ -191,3 +191,31 @@ def test_construct_inside_jit_from_tracers():
 
     made = make(jnp.ones(2))
     assert made.name == "aff" and keystrs(made) == [".w"]
+
+
+def test_ordered_and_default_dicts_are_frozen_with_eqx_key_order():
+    import collections
+
+    class Dicts(asx.AutoModule):
+        ordered: object
+        counts: object
+
+        def __init__(self):
+            self.ordered = collections.OrderedDict(w=jnp.ones(2), k=3, a=jnp.zeros(1))
+            self.counts = collections.defaultdict(int, a=1)
+
+    class EqxDicts(eqx.Module):
+        ordered: object
+        counts: object
+        __init__ = Dicts.__init__
+
+    m = Dicts()
+    assert keystrs(m) == array_keystrs(EqxDicts()) == [".ordered['w']", ".ordered['a']"]
+    assert isinstance(m.ordered, collections.OrderedDict) and list(m.ordered) == ["w", "k", "a"]
+    assert m.counts["missing"] == 0 and "missing" not in m.counts
+    with pytest.raises(TypeError, match=r"Dicts\.ordered cannot be modified"):
+        m.ordered["w"] = jnp.zeros(2)
+    with pytest.raises(TypeError, match=r"Dicts\.counts cannot be modified"):
+        m.counts["a"] += 1
+    again = jax.tree_util.tree_map(lambda x: x + 1, m)
+    assert list(again.ordered) == ["w", "k", "a"] and again.counts["a"] == 1
