@@ -38,13 +38,7 @@ class _AutoModuleMeta(ModuleMeta):
                 if cls.__dict__.get(f.name, _NOTHING) is f.default:
                     delattr(cls, f.name)
         cls.__autostatic_defaults__ = defaults
-        # A field name that still resolves on the class (a default or constant of a
-        # non-AutoModule base, a parent's method) would shadow a lazily unflattened
-        # instance's empty __dict__: such classes fill attributes in at unflatten.
         names = {f.name for f in fields}
-        cls.__autostatic_eager__ = any(
-            name in vars(klass) for klass in cls.__mro__ for name in names
-        )
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract
         # eqx.Module kept during a migration), are bound as pytree-and-hashable
         # `BoundMethod`s; AutoModule bases did this for their own already.
@@ -80,10 +74,16 @@ class _AutoModuleMeta(ModuleMeta):
         return obj
 
 
-install_flatten_generator(
-    lambda cls: isinstance(cls, _AutoModuleMeta),
-    lambda cls: (_partition.flatten, _partition.flatten_with_keys, _partition.unflatten),
-)
+def _flatten_functions(cls: type) -> tuple:
+    # Called by Equinox's class creation, after dataclass processing. Classes on which
+    # a base shadows a field fill attributes in at unflatten rather than lazily.
+    unflatten = (
+        _partition.unflatten_eager if _partition.needs_eager(cls) else _partition.unflatten
+    )
+    return _partition.flatten, _partition.flatten_with_keys, unflatten
+
+
+install_flatten_generator(lambda cls: isinstance(cls, _AutoModuleMeta), _flatten_functions)
 
 
 class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):

@@ -21,6 +21,7 @@ unflattening only creates the instance and fills that slot; the attributes are f
 from it on first access (`materialise`).
 """
 
+import dataclasses
 import types
 import weakref
 from typing import Any, Final
@@ -332,9 +333,32 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     # never looked into.
     obj = _object_new(cls)
     _set_flat(obj, (children, aux))
-    if cls.__autostatic_eager__:
-        materialise(obj)
     return obj
+
+
+def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
+    """For classes on which a field name resolves through a base (see `needs_eager`)."""
+    obj = _object_new(cls)
+    _set_flat(obj, (children, aux))
+    materialise(obj)
+    return obj
+
+
+def needs_eager(cls: type) -> bool:
+    """Whether a field name of `cls` resolves on the class itself (a non-AutoModule
+    base's default, a parent's method of that name): it would shadow a lazily
+    unflattened instance's empty `__dict__`. Called before the class's own dataclass
+    defaults are moved off it, so those are not counted."""
+    own_defaults = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING and vars(cls).get(f.name) is f.default
+    }
+    names = {f.name for f in dataclasses.fields(cls)} - own_defaults
+    others = {f.name for f in dataclasses.fields(cls)} & own_defaults
+    return any(n in vars(k) for k in cls.__mro__ for n in names) or any(
+        n in vars(k) for k in cls.__mro__[1:] for n in others
+    )
 
 
 def materialise(obj: Any) -> dict[str, Any]:
