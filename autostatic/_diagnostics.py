@@ -15,11 +15,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._partition import is_dynamic_leaf
 from ._surgery import expose
 
 logger = logging.getLogger("autostatic")
@@ -30,10 +30,6 @@ _REPR_WIDTH = 60
 def _short_repr(value: Any) -> str:
     text = repr(value).replace("\n", " ")
     return text if len(text) <= _REPR_WIDTH else text[: _REPR_WIDTH - 3] + "..."
-
-
-def _is_arraylike(x: Any) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def _aval(x: Any) -> str:
@@ -97,7 +93,7 @@ def explain(tree: Any) -> Explanation:
         key = jtu.keystr(path)
         if key not in dynamic_paths:
             kind, detail = "static", _short_repr(value)
-        elif _is_arraylike(value):
+        elif is_dynamic_leaf(value):
             kind, detail = "dynamic", _aval(value)
         else:
             kind, detail = "leaf", _short_repr(value)
@@ -141,8 +137,8 @@ def _static_equal(a: Any, b: Any) -> bool:
 
 
 def _leaf_reasons(path: str, a: Any, b: Any) -> list[Reason]:
-    if not (_is_arraylike(a) and _is_arraylike(b)):
-        if _is_arraylike(a) or _is_arraylike(b):
+    if not (is_dynamic_leaf(a) and is_dynamic_leaf(b)):
+        if is_dynamic_leaf(a) or is_dynamic_leaf(b):
             return [Reason("kind", path, type(a).__qualname__, type(b).__qualname__)]
         try:  # non-array leaves (Python scalars) are traced by their abstract value
             return _aval_reasons(path, a, b)

@@ -215,7 +215,8 @@ def _leaf_paths(value: Any) -> list[str]:
 def _split_field(
     qualname: str, name: str, value: Any, forced_static: bool, warn: bool
 ) -> tuple[int, Any]:
-    """Returns the kind of one field and its child (or its static value)."""
+    """Returns the kind of one field and its child (or its static value, in a
+    `StaticLeaf` if it is GUARDED)."""
     where = f"{qualname}.{name}"
     if is_dynamic_leaf(value):
         leaves = [value]
@@ -250,7 +251,10 @@ def _split_field(
                 paths = _leaf_paths(value) if treedef is not None else [""]
             warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}", 4)
     if kind == STATIC:
+        if _compares_in_python(value) or any(map(_compares_in_python, leaves)):
+            return GUARDED, StaticLeaf(value, where)
         return STATIC, value
+
     def wrap(leaf: Any, path: str) -> Any:
         return leaf if is_dynamic_leaf(leaf) else StaticLeaf(leaf, where + path)
 
@@ -283,14 +287,7 @@ def compute_partition(
             value = freeze(value, path)
         values[name] = value
         kind, part = _split_field(qualname, name, value, forced_static, warn)
-        if kind == STATIC:
-            if _compares_in_python(part) or any(
-                map(_compares_in_python, jtu.tree_leaves(part))
-            ):
-                kind, part = GUARDED, StaticLeaf(part, f"{qualname}.{name}")
-            static_values.append(part)
-        else:
-            children.append(part)
+        (static_values if kind in (STATIC, GUARDED) else children).append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
     types = tuple(map(type, static_values))

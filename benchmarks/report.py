@@ -112,7 +112,7 @@ def tree_ops_section(res: dict[str, Any]) -> list[str]:
             for impl, r in res["ratios"][ref].items()
         ]
         lines += table(["impl"] + [OP_LABELS[o] for o in ops], rows)
-    lines += ["", f"Dispatch of a compiled `lambda m: <one array> + 1`, µs/call (blocked):", ""]
+    lines += ["", "Dispatch of a compiled `lambda m: <one array> + 1`, µs/call (blocked):", ""]
     refs = [DICT_JIT, EQX_STATIC_JIT, EQX_STATIC_FILTER, EQX_FILTER_FILTER]
     rows = []
     for name, entry in res["dispatch_us"].items():

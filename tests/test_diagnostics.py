@@ -2,10 +2,8 @@
 
 import logging
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from hypothesis import given, HealthCheck, settings, strategies as st
 
