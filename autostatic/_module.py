@@ -6,7 +6,6 @@ import re
 from typing import Any
 
 import equinox as eqx
-
 import jax.tree_util as jtu
 
 from . import _bound_method, _partition
