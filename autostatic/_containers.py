@@ -125,12 +125,50 @@ class FrozenDefaultDict(defaultdict):
         return (FrozenDefaultDict, (self.default_factory, dict(self), self._path))
 
 
+def _plain_results(cls: type, base: type) -> None:
+    """Copies and `|` of a frozen container are plain, mutable built-ins (what `+` of
+    a list and `|` of a dict give already): the base implementations would build the
+    frozen subclass and then fill it in, which it refuses or (`defaultdict`) ignores."""
+
+    def as_base(self: Any) -> Any:
+        return base(self) if base is not defaultdict else defaultdict(self.default_factory, self)
+
+    def copy(self: Any) -> Any:
+        return as_base(self)
+
+    def union(self: Any, other: Any) -> Any:
+        if not isinstance(other, dict):
+            return NotImplemented
+        out = as_base(self)
+        out.update(other)
+        return out
+
+    def reflected_union(self: Any, other: Any) -> Any:
+        if not isinstance(other, dict):
+            return NotImplemented
+        out = as_base(self) if base is defaultdict else base(other)
+        if base is defaultdict:
+            out.clear()
+            out.update(other)
+        out.update(self)
+        return out
+
+    cls.copy = copy
+    cls.__copy__ = copy
+    cls.__or__ = union
+    cls.__ror__ = reflected_union
+    cls.fromkeys = classmethod(lambda _, keys, value=None: base.fromkeys(keys, value))
+
+
 _DICT_MUTATORS = (
     "__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault",
     "__ior__",
 )
 _add_refusals(FrozenOrderedDict, (*_DICT_MUTATORS, "move_to_end"))
 _add_refusals(FrozenDefaultDict, _DICT_MUTATORS)
+_plain_results(FrozenOrderedDict, OrderedDict)
+_plain_results(FrozenDefaultDict, defaultdict)
+_plain_results(FrozenDict, dict)
 _add_refusals(
     FrozenList,
     (

@@ -35,8 +35,15 @@ def _short_repr(value: Any) -> str:
 def _aval(x: Any) -> str:
     if isinstance(x, jax.ShapeDtypeStruct):
         weak = "~" if getattr(x, "weak_type", False) else ""
-        return f"{weak}{np.dtype(x.dtype).name}{list(x.shape)}"
+        return f"{weak}{x.dtype}{list(x.shape)}"
     return str(jax.typeof(x))
+
+
+def _canonical(dtype: Any) -> Any:
+    # Extended dtypes (PRNG keys) have no numpy dtype and are never canonicalised.
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,13 +144,17 @@ def _static_equal(a: Any, b: Any) -> bool:
 
 
 def _leaf_reasons(path: str, a: Any, b: Any) -> list[Reason]:
+    if type(a) is _StaticArgument or type(b) is _StaticArgument:
+        a, b = getattr(a, "value", a), getattr(b, "value", b)
+        return [] if _static_equal(a, b) else [Reason("static", path, a, b)]
     if not (is_dynamic_leaf(a) and is_dynamic_leaf(b)):
-        if is_dynamic_leaf(a) or is_dynamic_leaf(b):
-            return [Reason("kind", path, type(a).__qualname__, type(b).__qualname__)]
-        try:  # non-array leaves (Python scalars) are traced by their abstract value
+        try:  # Python scalars are traced like arrays, by their abstract value
             return _aval_reasons(path, a, b)
         except TypeError:
-            return [] if _static_equal(a, b) else [Reason("leaf", path, a, b)]
+            pass
+        if is_dynamic_leaf(a) or is_dynamic_leaf(b):
+            return [Reason("kind", path, type(a).__qualname__, type(b).__qualname__)]
+        return [] if _static_equal(a, b) else [Reason("leaf", path, a, b)]
     reasons = _aval_reasons(path, a, b)
     sharding_a = getattr(a, "sharding", None) if getattr(a, "committed", False) else None
     sharding_b = getattr(b, "sharding", None) if getattr(b, "committed", False) else None
@@ -152,13 +163,12 @@ def _leaf_reasons(path: str, a: Any, b: Any) -> list[Reason]:
     return reasons
 
 
-def _signature(x: Any) -> tuple[tuple[int, ...], np.dtype, bool]:
+def _signature(x: Any) -> tuple[tuple[int, ...], Any, bool]:
     """Shape, dtype and weak type as `jax.jit` keys its cache (dtypes canonicalised)."""
     if isinstance(x, jax.ShapeDtypeStruct):
-        dtype = jax.dtypes.canonicalize_dtype(x.dtype)
-        return tuple(x.shape), np.dtype(dtype), bool(getattr(x, "weak_type", False))
+        return tuple(x.shape), _canonical(x.dtype), bool(getattr(x, "weak_type", False))
     aval = jax.typeof(x)
-    return tuple(aval.shape), np.dtype(aval.dtype), bool(aval.weak_type)
+    return tuple(aval.shape), _canonical(aval.dtype), bool(aval.weak_type)
 
 
 def _aval_reasons(path: str, a: Any, b: Any) -> list[Reason]:
@@ -264,6 +274,15 @@ def _abstract(tree: Any) -> Any:
     return jtu.tree_map(to_struct, tree)
 
 
+class _StaticArgument:
+    """An argument named by `static_argnums`/`static_argnames`: compared with `==`."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
 class _Arguments(dict):
     """Bound arguments by name; key paths print as `name.attr`, not `['name'].attr`."""
 
@@ -298,12 +317,25 @@ def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> Callable[..., A
     except (TypeError, ValueError):
         signature = None
 
+    static_numbers = jit_kwargs.get("static_argnums", ())
+    static_numbers = {static_numbers} if isinstance(static_numbers, int) else set(static_numbers)
+    static_names = jit_kwargs.get("static_argnames", ())
+    static_names = {static_names} if isinstance(static_names, str) else set(static_names)
+    if signature is not None:
+        parameters = list(signature.parameters)
+        static_names |= {parameters[i] for i in static_numbers if -len(parameters) <= i < len(parameters)}
+
     def by_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Reasons then read `model.layers[0].weight`, not `[0][0].layers[0].weight`.
         try:
-            return _Arguments(signature.bind(*args, **kwargs).arguments)  # type: ignore[union-attr]
+            bound = signature.bind(*args, **kwargs).arguments  # type: ignore[union-attr]
         except (AttributeError, TypeError):
+            args = tuple(_StaticArgument(a) if i in static_numbers else a for i, a in enumerate(args))
             return (args, kwargs)
+        return _Arguments(
+            (name, _StaticArgument(value) if name in static_names else value)
+            for name, value in bound.items()
+        )
 
     @ft.wraps(fun)
     def traced(*args: Any, **kwargs: Any) -> Any:

@@ -76,6 +76,7 @@ import math
 import os
 import pathlib
 import secrets
+import stat
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -350,6 +351,8 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) ->
         temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666
     )
     try:
+        with contextlib.suppress(FileNotFoundError):  # keep a replaced file's mode
+            os.chmod(fd, stat.S_IMODE(os.stat(path).st_mode))
         with open(fd, "wb") as f:
             write(f)
             f.flush()
@@ -998,7 +1001,8 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
         reader = _NpyReader(f, name)
         loaded: dict[str, Any] = {}
         in_flight = _InFlight()
-        for path, leaf in jtu.tree_flatten_with_path(expose(like))[0]:
+        # Fields declared eqx.field(static=True) were never written by Equinox.
+        for path, leaf in jtu.tree_flatten_with_path(expose(like, keep_declared_static=True))[0]:
             key = jtu.keystr(path)
             if is_dynamic_leaf(leaf):
                 shape, dtype = _template_shape_dtype(key, leaf, known_only=False)

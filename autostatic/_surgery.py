@@ -33,17 +33,25 @@ def _field_values(module: Any) -> tuple[str, ...]:
     return tuple(name for name, _ in type(module).__autostatic_fields__)
 
 
-def expose(tree: Any) -> Any:
-    """A copy of `tree` in which every AutoModule has all its fields as children."""
+def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
+    """A copy of `tree` in which every AutoModule has all its fields as children
+    (except, with `keep_declared_static`, those declared `eqx.field(static=True)`, as
+    an `eqx.Module` would flatten them)."""
 
     def expose_module(module: Any) -> Any:
         cls = type(module)
-        names = _field_values(module)
         attrs = _partition.materialise(module)
-        values = tuple(_map_modules(expose_module, attrs[n]) for n in names)
-        everything_dynamic = (_partition.DYNAMIC,) * len(names)
-        aux = (_partition.layout_for(cls, everything_dynamic), ())
-        return _partition.unflatten(cls, aux, values)
+        kinds, children, static = [], [], []
+        for name, declared_static in cls.__autostatic_fields__:
+            if keep_declared_static and declared_static:
+                kinds.append(_partition.STATIC)
+                static.append(attrs[name])
+            else:
+                kinds.append(_partition.DYNAMIC)
+                children.append(_map_modules(expose_module, attrs[name]))
+        layout = _partition.layout_for(cls, tuple(kinds))
+        aux = (layout, tuple(map(type, static)), *static)
+        return _partition.unflatten(cls, aux, tuple(children))
 
     return _map_modules(expose_module, tree)
 

@@ -141,3 +141,22 @@ def test_logged_jit_warns_about_a_changing_float_once():
             step(asx.tree_at(lambda m: m.scale, model, scale))
     assert len([w for w in record if "model.scale" in str(w.message)]) == 1
     assert len(step.retraces) == 5
+
+
+def test_diagnostics_handle_prng_keys_static_arguments_and_python_scalars(caplog):
+    step = asx.logged_jit(lambda key, x: jax.random.normal(key, x.shape) + x)
+    step(jax.random.key(0), jnp.ones(3))
+    step(jax.random.key(1), jnp.ones(4))
+    assert [str(r) for _, reasons in step.retraces for r in reasons] == ["x: shape changed from (3,) to (4,)"]
+    assert asx.retrace_reasons(jax.random.key(0), jax.random.key(1)) == []
+    assert asx.retrace_reasons(1.0, jnp.asarray(2.0)) == []  # both traced as weak f32[]
+
+    scaled = asx.logged_jit(lambda x, n: x * n, static_argnums=1)
+    scaled(jnp.ones(2), 2)
+    scaled(jnp.ones(2), 2)
+    scaled(jnp.ones(2), 3)
+    assert [[str(r) for r in reasons] for _, reasons in scaled.retraces] == [["n: static value changed from 2 to 3"]]
+    named = asx.logged_jit(lambda x, scale: x * scale, static_argnames="scale")
+    named(jnp.ones(2), scale=2.0)
+    named(jnp.ones(2), scale=3.0)
+    assert named.retraces[0][1][0].path == "scale"

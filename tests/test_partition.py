@@ -219,3 +219,27 @@ def test_ordered_and_default_dicts_are_frozen_with_eqx_key_order():
         m.counts["a"] += 1
     again = jax.tree_util.tree_map(lambda x: x + 1, m)
     assert list(again.ordered) == ["w", "k", "a"] and again.counts["a"] == 1
+
+
+def test_copies_and_unions_of_frozen_containers_are_plain_builtins():
+    import collections
+
+    class Holder(asx.AutoModule):
+        ordered: object
+        counts: object
+        table: object
+
+        def __init__(self):
+            self.ordered = collections.OrderedDict(a=1, b=jnp.ones(1))
+            self.counts = collections.defaultdict(list, x=jnp.ones(3))
+            self.table = {"q": 1}
+
+    m = Holder()
+    merged = m.counts | {"y": jnp.full(2, 7.0)}
+    assert type(merged) is collections.defaultdict and sorted(merged) == ["x", "y"]
+    np.testing.assert_allclose(jax.jit(lambda d: d["y"])(merged), [7.0, 7.0])
+    assert list(m.ordered | {"c": 1}) == ["a", "b", "c"] and list({"c": 1} | m.ordered) == ["c", "a", "b"]
+    copied = m.ordered.copy()
+    copied["z"] = 0  # a plain, mutable OrderedDict
+    assert type(copied) is collections.OrderedDict and "z" not in m.ordered
+    assert type(m.table | {"r": 2}) is dict and type(m.table.copy()) is dict

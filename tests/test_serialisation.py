@@ -778,3 +778,28 @@ def test_load_eqx_explains_fields_that_equinox_marked_static():
         CheckpointError, match=r"leaf \.layers\[0\]\.width .*static=True"
     ):
         load_eqx(f, eqx.filter_eval_shape(AutoMLP, 2, 3, KEY))
+
+
+def test_load_eqx_skips_fields_the_automodule_also_declares_static(tmp_path):
+    class E(eqx.Module):
+        n: int = eqx.field(static=True)
+        w: jax.Array = None
+
+    class A(asx.AutoModule):
+        n: int = eqx.field(static=True)
+        w: jax.Array = None
+
+    path = tmp_path / "e.eqx"
+    eqx.tree_serialise_leaves(path, E(3, jnp.arange(3.0)))
+    loaded = load_eqx(path, A(3, jnp.zeros(3)))
+    assert loaded.n == 3 and loaded.w.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_saving_over_a_file_keeps_its_permissions(tmp_path):
+    import stat as stat_module
+
+    path = tmp_path / "private.safetensors"
+    save(path, {"a": jnp.ones(2)})
+    os.chmod(path, 0o600)
+    save(path, {"a": jnp.zeros(2)})
+    assert stat_module.S_IMODE(os.stat(path).st_mode) == 0o600
