@@ -19,7 +19,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._partition import is_dynamic_leaf
+from ._partition import is_dynamic_leaf, static_equal
 from ._surgery import expose
 
 logger = logging.getLogger("autostatic")
@@ -136,9 +136,8 @@ class Reason:
 
 
 def _static_equal(a: Any, b: Any) -> bool:
-    """As the jit cache compares static values: same type, then `==`."""
     try:
-        return a is b or (type(a) is type(b) and bool(a == b))
+        return static_equal(a, b)
     except Exception:
         return False
 

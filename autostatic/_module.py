@@ -16,7 +16,6 @@ from ._compat import (
     WRAPPER_FIELD_NAMES,
 )
 
-_NOTHING = object()
 _NOT_INITIALISED = re.compile(r"Field '(\w+)' was not initialized\.")
 
 
@@ -30,13 +29,11 @@ class _AutoModuleMeta(ModuleMeta):
         )
         # Unflattened instances fill their attributes in lazily (`__getattr__`), so
         # a class attribute must not shadow a field: dataclass defaults move here.
-        defaults = {}
-        for f in fields:
-            if f.default is not dataclasses.MISSING:
-                defaults[f.name] = f.default
-                if cls.__dict__.get(f.name, _NOTHING) is f.default:
-                    delattr(cls, f.name)
-        cls.__autostatic_defaults__ = defaults
+        for name in _partition.moved_defaults(cls):
+            delattr(cls, name)
+        cls.__autostatic_defaults__ = {
+            f.name: f.default for f in fields if f.default is not dataclasses.MISSING
+        }
         names = {f.name for f in fields}
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract
         # eqx.Module kept during a migration), are bound as pytree-and-hashable

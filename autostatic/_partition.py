@@ -121,6 +121,11 @@ def _compares_in_python(value: Any) -> bool:
     return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
 
 
+def static_equal(a: Any, b: Any) -> bool:
+    """Static values as the jit cache compares them: same type, then `==`."""
+    return a is b or (type(a) is type(b) and bool(a == b))
+
+
 class StaticLeaf:
     """A non-array leaf of a mixed field: an empty pytree node carrying the value.
 
@@ -141,7 +146,7 @@ class StaticLeaf:
             return False
         a, b = self.value, other.value
         try:
-            return a is b or (type(a) is type(b) and bool(a == b))
+            return static_equal(a, b)
         except Exception as err:
             raise _uncomparable(self.where, a, b, err) from err
 
@@ -335,26 +340,31 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
 
 def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     """For classes on which a field name resolves through a base (see `needs_eager`)."""
-    obj = _object_new(cls)
-    _set_flat(obj, (children, aux))
+    obj = unflatten(cls, aux, children)
     materialise(obj)
     return obj
 
 
-def needs_eager(cls: type) -> bool:
-    """Whether a field name of `cls` resolves on the class itself (a non-AutoModule
-    base's default, a parent's method of that name): it would shadow a lazily
-    unflattened instance's empty `__dict__`. Called before the class's own dataclass
-    defaults are moved off it, so those are not counted."""
-    own_defaults = {
+def moved_defaults(cls: type) -> set[str]:
+    """The fields whose dataclass default sits on `cls` itself; the metaclass moves
+    them to `__autostatic_defaults__`, so that they cannot shadow unfilled fields."""
+    return {
         f.name
         for f in dataclasses.fields(cls)
         if f.default is not dataclasses.MISSING and vars(cls).get(f.name) is f.default
     }
-    names = {f.name for f in dataclasses.fields(cls)} - own_defaults
-    others = {f.name for f in dataclasses.fields(cls)} & own_defaults
-    return any(n in vars(k) for k in cls.__mro__ for n in names) or any(
-        n in vars(k) for k in cls.__mro__[1:] for n in others
+
+
+def needs_eager(cls: type) -> bool:
+    """Whether a field name of `cls` still resolves on the class once its own defaults
+    have moved (a non-AutoModule base's default, a parent's method of that name): it
+    would shadow a lazily unflattened instance's empty `__dict__`."""
+    moved = moved_defaults(cls)
+    return any(
+        f.name in vars(klass)
+        for klass in cls.__mro__
+        for f in dataclasses.fields(cls)
+        if not (klass is cls and f.name in moved)
     )
 
 

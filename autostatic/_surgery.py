@@ -29,7 +29,7 @@ def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     )
 
 
-def _field_values(module: Any) -> tuple[str, ...]:
+def _field_names(module: Any) -> tuple[str, ...]:
     return tuple(name for name, _ in type(module).__autostatic_fields__)
 
 
@@ -64,7 +64,7 @@ def refreeze(tree: Any) -> Any:
         attrs = _partition.materialise(module)
         fresh = object.__new__(cls)
         object.__getattribute__(fresh, "__dict__").update(
-            (n, _map_modules(refreeze_module, attrs[n])) for n in _field_values(module)
+            (n, _map_modules(refreeze_module, attrs[n])) for n in _field_names(module)
         )
         _partition.freeze_partition(fresh)
         return fresh
