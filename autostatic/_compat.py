@@ -14,7 +14,10 @@ from typing import Any
 import equinox as eqx
 import equinox._module._module as _eqx_module
 
-SUPPORTED_EQUINOX = ((0, 13, 3), (0, 14, 0))  # [lower, upper): 0.13.3, 0.13.6, 0.13.8 tested
+SUPPORTED_EQUINOX = (
+    (0, 13, 3),
+    (0, 14, 0),
+)  # [lower, upper): 0.13.3, 0.13.6, 0.13.8 tested
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -131,7 +131,11 @@ def _plain_results(cls: type, base: type) -> None:
     frozen subclass and then fill it in, which it refuses or (`defaultdict`) ignores."""
 
     def as_base(self: Any) -> Any:
-        return base(self) if base is not defaultdict else defaultdict(self.default_factory, self)
+        return (
+            base(self)
+            if base is not defaultdict
+            else defaultdict(self.default_factory, self)
+        )
 
     def copy(self: Any) -> Any:
         return as_base(self)
@@ -161,7 +165,13 @@ def _plain_results(cls: type, base: type) -> None:
 
 
 _DICT_MUTATORS = (
-    "__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault",
+    "__setitem__",
+    "__delitem__",
+    "pop",
+    "popitem",
+    "clear",
+    "update",
+    "setdefault",
     "__ior__",
 )
 _add_refusals(FrozenOrderedDict, (*_DICT_MUTATORS, "move_to_end"))
@@ -172,23 +182,49 @@ _plain_results(FrozenDict, dict)
 _add_refusals(
     FrozenList,
     (
-        "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
-        "__setitem__", "__delitem__", "__iadd__", "__imul__",
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "remove",
+        "clear",
+        "sort",
+        "reverse",
+        "__setitem__",
+        "__delitem__",
+        "__iadd__",
+        "__imul__",
     ),
 )
 _add_refusals(
     FrozenDict,
     (
-        "__setitem__", "__delitem__", "pop", "popitem", "clear", "update",
-        "setdefault", "__ior__",
+        "__setitem__",
+        "__delitem__",
+        "pop",
+        "popitem",
+        "clear",
+        "update",
+        "setdefault",
+        "__ior__",
     ),
 )
 _add_refusals(
     FrozenSet,
     (
-        "add", "discard", "remove", "pop", "clear", "update", "intersection_update",
-        "difference_update", "symmetric_difference_update", "__ior__", "__iand__",
-        "__isub__", "__ixor__",
+        "add",
+        "discard",
+        "remove",
+        "pop",
+        "clear",
+        "update",
+        "intersection_update",
+        "difference_update",
+        "symmetric_difference_update",
+        "__ior__",
+        "__iand__",
+        "__isub__",
+        "__ixor__",
     ),
 )
 

@@ -65,7 +65,9 @@ class Explanation:
     def __str__(self) -> str:
         header = Row("path", "kind", "type", "value")
         rows = (header, *self.rows)
-        widths = [max(len(getattr(r, f)) for r in rows) for f in ("path", "kind", "type")]
+        widths = [
+            max(len(getattr(r, f)) for r in rows) for f in ("path", "kind", "type")
+        ]
         lines = [
             f"{r.path:<{widths[0]}}  {r.kind:<{widths[1]}}  {r.type:<{widths[2]}}  {r.detail}"
             for r in rows
@@ -76,7 +78,11 @@ class Explanation:
 
     def _repr_html_(self) -> str:
         cells = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in (r.path, r.kind, r.type, r.detail)) + "</tr>"
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(v)}</td>" for v in (r.path, r.kind, r.type, r.detail)
+            )
+            + "</tr>"
             for r in self.rows
         )
         return (
@@ -155,8 +161,12 @@ def _leaf_reasons(path: str, a: Any, b: Any) -> list[Reason]:
             return [Reason("kind", path, type(a).__qualname__, type(b).__qualname__)]
         return [] if _static_equal(a, b) else [Reason("leaf", path, a, b)]
     reasons = _aval_reasons(path, a, b)
-    sharding_a = getattr(a, "sharding", None) if getattr(a, "committed", False) else None
-    sharding_b = getattr(b, "sharding", None) if getattr(b, "committed", False) else None
+    sharding_a = (
+        getattr(a, "sharding", None) if getattr(a, "committed", False) else None
+    )
+    sharding_b = (
+        getattr(b, "sharding", None) if getattr(b, "committed", False) else None
+    )
     if sharding_a != sharding_b:
         reasons.append(Reason("sharding", path, sharding_a, sharding_b))
     return reasons
@@ -171,7 +181,10 @@ def _signature(x: Any) -> tuple[tuple[int, ...], Any, bool]:
 
 
 def _aval_reasons(path: str, a: Any, b: Any) -> list[Reason]:
-    (shape_a, dtype_a, weak_a), (shape_b, dtype_b, weak_b) = _signature(a), _signature(b)
+    (shape_a, dtype_a, weak_a), (shape_b, dtype_b, weak_b) = (
+        _signature(a),
+        _signature(b),
+    )
     reasons = []
     if shape_a != shape_b:
         reasons.append(Reason("shape", path, shape_a, shape_b))
@@ -206,14 +219,18 @@ class _StructureDiff:
             self.compare_leaves(path, a, b)
             return
         if type(a) is not type(b) or _is_leaf(a) or _is_leaf(b):
-            self.reasons.append(Reason("structure", path, type(a).__qualname__, type(b).__qualname__))
+            self.reasons.append(
+                Reason("structure", path, type(a).__qualname__, type(b).__qualname__)
+            )
             return
         children_a, children_b = dict(_children(a)), dict(_children(b))
         if isinstance(a, (list, tuple)) and len(a) != len(b):
             self.reasons.append(Reason("length", path, len(a), len(b)))
         else:
             for key in children_a.keys() - children_b.keys():
-                self.reasons.append(Reason("removed", path + key, children_a[key], None))
+                self.reasons.append(
+                    Reason("removed", path + key, children_a[key], None)
+                )
             for key in children_b.keys() - children_a.keys():
                 self.reasons.append(Reason("added", path + key, None, children_b[key]))
         found = len(self.reasons)
@@ -267,7 +284,9 @@ def _abstract(tree: Any) -> Any:
     def to_struct(x: Any) -> Any:
         if isinstance(x, jax.Array):
             aval = jax.typeof(x)
-            return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+            return jax.ShapeDtypeStruct(
+                aval.shape, aval.dtype, weak_type=aval.weak_type
+            )
         return x
 
     return jtu.tree_map(to_struct, tree)
@@ -317,19 +336,30 @@ def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> Callable[..., A
         signature = None
 
     static_numbers = jit_kwargs.get("static_argnums", ())
-    static_numbers = {static_numbers} if isinstance(static_numbers, int) else set(static_numbers)
+    static_numbers = (
+        {static_numbers} if isinstance(static_numbers, int) else set(static_numbers)
+    )
     static_names = jit_kwargs.get("static_argnames", ())
-    static_names = {static_names} if isinstance(static_names, str) else set(static_names)
+    static_names = (
+        {static_names} if isinstance(static_names, str) else set(static_names)
+    )
     if signature is not None:
         parameters = list(signature.parameters)
-        static_names |= {parameters[i] for i in static_numbers if -len(parameters) <= i < len(parameters)}
+        static_names |= {
+            parameters[i]
+            for i in static_numbers
+            if -len(parameters) <= i < len(parameters)
+        }
 
     def by_name(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Reasons then read `model.layers[0].weight`, not `[0][0].layers[0].weight`.
         try:
             bound = signature.bind(*args, **kwargs).arguments  # type: ignore[union-attr]
         except (AttributeError, TypeError):
-            args = tuple(_StaticArgument(a) if i in static_numbers else a for i, a in enumerate(args))
+            args = tuple(
+                _StaticArgument(a) if i in static_numbers else a
+                for i, a in enumerate(args)
+            )
             return (args, kwargs)
         return _Arguments(
             (name, _StaticArgument(value) if name in static_names else value)
@@ -358,11 +388,17 @@ def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> Callable[..., A
     return jitted
 
 
-def _warn_changing_scalars(name: str, changes: dict[str, int], reasons: list[Reason]) -> None:
+def _warn_changing_scalars(
+    name: str, changes: dict[str, int], reasons: list[Reason]
+) -> None:
     from ._static_checks import warn_once
 
     for reason in reasons:
-        if reason.kind == "static" and isinstance(reason.new, (int, float)) and not isinstance(reason.new, bool):
+        if (
+            reason.kind == "static"
+            and isinstance(reason.new, (int, float))
+            and not isinstance(reason.new, bool)
+        ):
             changes[reason.path] = changes.get(reason.path, 0) + 1
             if changes[reason.path] == 3:
                 warn_once(

@@ -74,12 +74,16 @@ def _flatten_functions(cls: type) -> tuple:
     # Called by Equinox's class creation, after dataclass processing. Classes on which
     # a base shadows a field fill attributes in at unflatten rather than lazily.
     unflatten = (
-        _partition.unflatten_eager if _partition.needs_eager(cls) else _partition.unflatten
+        _partition.unflatten_eager
+        if _partition.needs_eager(cls)
+        else _partition.unflatten
     )
     return _partition.flatten, _partition.flatten_with_keys, unflatten
 
 
-install_flatten_generator(lambda cls: isinstance(cls, _AutoModuleMeta), _flatten_functions)
+install_flatten_generator(
+    lambda cls: isinstance(cls, _AutoModuleMeta), _flatten_functions
+)
 
 
 class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):

@@ -59,7 +59,13 @@ class Layout:
     """Which field is which kind, shared by every instance of a class with that split."""
 
     __slots__ = (
-        "cls", "kinds", "dynamic_names", "dynamic_keys", "mixed", "static_names", "guarded"
+        "cls",
+        "kinds",
+        "dynamic_names",
+        "dynamic_keys",
+        "mixed",
+        "static_names",
+        "guarded",
     )
 
     def __init__(self, cls: type, names: tuple[str, ...], kinds: tuple[int, ...]):
@@ -67,10 +73,14 @@ class Layout:
         static = [k for k in kinds if k in (STATIC, GUARDED)]
         self.cls = cls
         self.kinds = kinds
-        self.dynamic_names = tuple(n for n, k in zip(names, kinds) if k in (DYNAMIC, MIXED))
+        self.dynamic_names = tuple(
+            n for n, k in zip(names, kinds) if k in (DYNAMIC, MIXED)
+        )
         self.dynamic_keys = tuple(jtu.GetAttrKey(n) for n in self.dynamic_names)
         self.mixed = tuple(i for i, k in enumerate(dynamic) if k == MIXED)
-        self.static_names = tuple(n for n, k in zip(names, kinds) if k in (STATIC, GUARDED))
+        self.static_names = tuple(
+            n for n, k in zip(names, kinds) if k in (STATIC, GUARDED)
+        )
         self.guarded = tuple(i for i, k in enumerate(static) if k == GUARDED)
 
     def __reduce__(self):
@@ -168,9 +178,7 @@ def _unwrap(x: Any) -> Any:
     return x.value if type(x) is StaticLeaf else x
 
 
-def _map_preserving(
-    node: Any, fn: Any, is_leaf: Any = None, path: str = ""
-) -> Any:
+def _map_preserving(node: Any, fn: Any, is_leaf: Any = None, path: str = "") -> Any:
     """`tree_map` with key paths that rebuilds only the nodes above a changed leaf.
 
     Every untouched sub-node stays the very same object, so the attribute value and the

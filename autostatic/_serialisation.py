@@ -80,7 +80,7 @@ import stat
 import struct
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO
 
 import equinox as eqx
 import jax
@@ -91,7 +91,7 @@ import numpy as np
 from ._partition import is_dynamic_leaf
 from ._surgery import expose
 
-PathOrFile = Union[str, os.PathLike, BinaryIO]
+PathOrFile = str | os.PathLike | BinaryIO
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _MAX_NDIM = 64  # numpy's own limit
@@ -1002,7 +1002,9 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
         loaded: dict[str, Any] = {}
         in_flight = _InFlight()
         # Fields declared eqx.field(static=True) were never written by Equinox.
-        for path, leaf in jtu.tree_flatten_with_path(expose(like, keep_declared_static=True))[0]:
+        for path, leaf in jtu.tree_flatten_with_path(
+            expose(like, keep_declared_static=True)
+        )[0]:
             key = jtu.keystr(path)
             if is_dynamic_leaf(leaf):
                 shape, dtype = _template_shape_dtype(key, leaf, known_only=False)

@@ -8,6 +8,7 @@ copied into every compiled program. A value that can be neither hashed nor compa
 breaks JAX's compilation cache, which compares static data with `==`.
 """
 
+import contextlib
 import functools as ft
 import types
 import warnings
@@ -32,10 +33,8 @@ def find_hidden_array(value: Any) -> str | None:
         pass
     where = _search(value, 0, set())
     if where is None:
-        try:
+        with contextlib.suppress(TypeError):
             _clean[value] = True
-        except TypeError:
-            pass
     return where
 
 
@@ -56,18 +55,22 @@ def _children(value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, ft.partial):
         return [
             ("the function of a functools.partial", value.func),
-            *((f"argument {i} of a functools.partial", a) for i, a in enumerate(value.args)),
-            *((f"keyword {k!r} of a functools.partial", a) for k, a in value.keywords.items()),
+            *(
+                (f"argument {i} of a functools.partial", a)
+                for i, a in enumerate(value.args)
+            ),
+            *(
+                (f"keyword {k!r} of a functools.partial", a)
+                for k, a in value.keywords.items()
+            ),
         ]
     if isinstance(value, types.FunctionType):
         name = value.__qualname__
         cells = zip(value.__code__.co_freevars, value.__closure__ or ())
         out = []
         for var, cell in cells:
-            try:
+            with contextlib.suppress(ValueError):  # an empty cell
                 out.append((f"closure variable {var!r} of {name}", cell.cell_contents))
-            except ValueError:  # empty cell
-                pass
         out += [(f"a default argument of {name}", d) for d in value.__defaults__ or ()]
         out += [
             (f"default {k!r} of {name}", d)
@@ -75,7 +78,10 @@ def _children(value: Any) -> list[tuple[str, Any]]:
         ]
         return out
     if isinstance(value, types.MethodType):
-        return [("the object of a bound method", value.__self__), ("a method", value.__func__)]
+        return [
+            ("the object of a bound method", value.__self__),
+            ("a method", value.__func__),
+        ]
     if isinstance(value, (list, tuple, set, frozenset)):
         return [(f"element {i}", v) for i, v in enumerate(value)]
     if isinstance(value, dict):

@@ -49,7 +49,7 @@ try:
     import autostatic as asx
 
     AUTOSTATIC_ERROR: str | None = None
-except Exception as err:  # noqa: BLE001 - the runner reports it and goes on
+except Exception as err:
     asx = None
     AUTOSTATIC_ERROR = f"{type(err).__name__}: {err}"
 
@@ -163,8 +163,16 @@ STATIC_FIELDS: dict[str, tuple[str, ...]] = {
 _AUTO_CLASSES: dict[str, type] = {
     c.__name__: c
     for c in (
-        Layer, MLP, LayerNorm, Attention, FeedForward, Block, Transformer, Linear,
-        Mixed, Box,
+        Layer,
+        MLP,
+        LayerNorm,
+        Attention,
+        FeedForward,
+        Block,
+        Transformer,
+        Linear,
+        Mixed,
+        Box,
     )
 }
 
@@ -186,7 +194,10 @@ def _twin(auto_cls: type, style: str) -> type:
         return type(name, (eqx.Module,), namespace)
     if style == "dataclass":
         cls = dataclasses.make_dataclass(
-            name, list(annotations.items()), frozen=True, namespace={"__module__": __name__}
+            name,
+            list(annotations.items()),
+            frozen=True,
+            namespace={"__module__": __name__},
         )
         cls.__qualname__ = namespace["__qualname__"]
         data = [n for n in annotations if n not in static]
@@ -221,11 +232,17 @@ class Kit:
     def ints(self, values: Sequence[int]) -> Any:
         # Static fields must be hashable for eqx (a list would be accepted by jax.jit,
         # whose treedef hash ignores aux data, but not by eqx.filter_jit's static arg).
-        return tuple(values) if self.impl in ("eqx-static", "dataclass") else list(values)
+        return (
+            tuple(values) if self.impl in ("eqx-static", "dataclass") else list(values)
+        )
 
     def box(self, value: Any) -> Any:
         # Only where a non-array sits inside a container that also holds arrays.
-        return self.node("Box", value=value) if self.impl in ("eqx-static", "dataclass") else value
+        return (
+            self.node("Box", value=value)
+            if self.impl in ("eqx-static", "dataclass")
+            else value
+        )
 
 
 def unbox(x: Any) -> Any:
@@ -298,7 +315,9 @@ def merge(params: Any, cfg: Any) -> Any:
     if isinstance(params, dict) or isinstance(cfg, dict):
         params = params or {}
         cfg = cfg or {}
-        return AttrDict({k: merge(params.get(k), cfg.get(k)) for k in {**cfg, **params}})
+        return AttrDict(
+            {k: merge(params.get(k), cfg.get(k)) for k in {**cfg, **params}}
+        )
     if isinstance(params, list) or isinstance(cfg, list):
         n = len(params if params is not None else cfg)
         params = params if params is not None else [None] * n
@@ -357,13 +376,27 @@ def transformer_arrays(seed: int = 0) -> list[dict[str, jax.Array]]:
     rng = np.random.default_rng(seed)
     d, h = TF_DIM, TF_HIDDEN
     names_shapes = [
-        ("g1", (d,)), ("be1", (d,)), ("wq", (d, d)), ("wk", (d, d)), ("wv", (d, d)),
-        ("wo", (d, d)), ("g2", (d,)), ("be2", (d,)), ("w1", (d, h)), ("b1", (h,)),
-        ("w2", (h, d)), ("b2", (d,)),
+        ("g1", (d,)),
+        ("be1", (d,)),
+        ("wq", (d, d)),
+        ("wk", (d, d)),
+        ("wv", (d, d)),
+        ("wo", (d, d)),
+        ("g2", (d,)),
+        ("be2", (d,)),
+        ("w1", (d, h)),
+        ("b1", (h,)),
+        ("w2", (h, d)),
+        ("b2", (d,)),
     ]
     blocks = []
     for _ in range(TF_BLOCKS + 1):  # the last one only provides the final layer norm
-        block = dict(zip([n for n, _ in names_shapes], _arrays(rng, *[s for _, s in names_shapes])))
+        block = dict(
+            zip(
+                [n for n, _ in names_shapes],
+                _arrays(rng, *[s for _, s in names_shapes]),
+            )
+        )
         # Layer norms start at gamma = 1, beta = 0 (done here: arrays are built once).
         for g, b in (("g1", "be1"), ("g2", "be2")):
             block[g], block[b] = block[g] * 0.0 + 1.0, block[b] * 0.0
@@ -384,12 +417,20 @@ def build_transformer(
             "Block",
             ln1=norm(a["g1"], a["be1"]),
             attn=kit.node(
-                "Attention", wq=a["wq"], wk=a["wk"], wv=a["wv"], wo=a["wo"],
+                "Attention",
+                wq=a["wq"],
+                wk=a["wk"],
+                wv=a["wv"],
+                wo=a["wo"],
                 num_heads=TF_HEADS,
             ),
             ln2=norm(a["g2"], a["be2"]),
             ff=kit.node(
-                "FeedForward", w1=a["w1"], b1=a["b1"], w2=a["w2"], b2=a["b2"],
+                "FeedForward",
+                w1=a["w1"],
+                b1=a["b1"],
+                w2=a["w2"],
+                b2=a["b2"],
                 activation=jax.nn.gelu,
             ),
             dropout=dropout,
@@ -397,7 +438,9 @@ def build_transformer(
         for a in arrays[:-1]
     ]
     last = arrays[-1]
-    return _finish(impl, kit.node("Transformer", blocks=blocks, ln_f=norm(last["g1"], last["be1"])))
+    return _finish(
+        impl, kit.node("Transformer", blocks=blocks, ln_f=norm(last["g1"], last["be1"]))
+    )
 
 
 def mixed_arrays(seed: int = 0) -> dict[str, jax.Array]:
@@ -409,7 +452,12 @@ def mixed_arrays(seed: int = 0) -> dict[str, jax.Array]:
 def build_mixed(impl: str, arrays: dict[str, jax.Array]) -> Built:
     kit = Kit(impl)
     linear = kit.node("Linear", weight=arrays["weight"], bias=arrays["bias"])
-    parts = [linear, kit.box(jax.nn.relu), kit.box(3), {"w": arrays["w"], "tag": kit.box("x")}]
+    parts = [
+        linear,
+        kit.box(jax.nn.relu),
+        kit.box(3),
+        {"w": arrays["w"], "tag": kit.box("x")},
+    ]
     return _finish(impl, kit.node("Mixed", parts=parts))
 
 
@@ -442,7 +490,12 @@ jtu.register_pytree_node(PyNode, _pynode_flatten, _pynode_unflatten)
 def build_pynode_mlp(arrays: Sequence[tuple[jax.Array, jax.Array]]) -> Built:
     """The MLP's arrays as `PyNode(layers=[PyNode(w, b), ...])`: the floor of any
     Python-registered module class (same node count as the module implementations)."""
-    return Built(PYNODE, _pynode_unflatten(None, ([_pynode_unflatten(None, (w, b)) for w, b in arrays],)))
+    return Built(
+        PYNODE,
+        _pynode_unflatten(
+            None, ([_pynode_unflatten(None, (w, b)) for w, b in arrays],)
+        ),
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -483,11 +536,17 @@ def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
 
 
 def transformer_apply(m: Any, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
-    keys = [None] * len(m.blocks) if key is None else list(jax.random.split(key, len(m.blocks)))
+    keys = (
+        [None] * len(m.blocks)
+        if key is None
+        else list(jax.random.split(key, len(m.blocks)))
+    )
     for block, k in zip(m.blocks, keys):
         k1, k2 = (None, None) if k is None else tuple(jax.random.split(k))
         ff = block.ff
-        x = x + _dropout(_attention(block.attn, _layer_norm(block.ln1, x)), block.dropout, k1)
+        x = x + _dropout(
+            _attention(block.attn, _layer_norm(block.ln1, x)), block.dropout, k1
+        )
         hidden = ff.activation(_layer_norm(block.ln2, x) @ ff.w1 + ff.b1)
         x = x + _dropout(hidden @ ff.w2 + ff.b2, block.dropout, k2)
     return _layer_norm(m.ln_f, x)
@@ -527,8 +586,12 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "mlp": Family("mlp", build_mlp, mlp_apply, mlp_probe, (BATCH, MLP_WIDTH)),
     "transformer": Family(
-        "transformer", build_transformer, transformer_apply, transformer_probe,
-        (BATCH // 2, TF_SEQ, TF_DIM), uses_key=True,
+        "transformer",
+        build_transformer,
+        transformer_apply,
+        transformer_probe,
+        (BATCH // 2, TF_SEQ, TF_DIM),
+        uses_key=True,
     ),
     "mixed": Family("mixed", build_mixed, mixed_apply, mixed_probe, (BATCH, MLP_WIDTH)),
 }
@@ -539,7 +602,9 @@ FAMILIES: dict[str, Family] = {
 # --------------------------------------------------------------------------------------
 
 
-def make_jitted(impl: str, jit: str, fn: Callable[..., Any], cfg: Any = None) -> Callable[..., Any]:
+def make_jitted(
+    impl: str, jit: str, fn: Callable[..., Any], cfg: Any = None
+) -> Callable[..., Any]:
     """`fn(model, *args)` jitted for one variant; call it as `f(built.tree, *args)`.
 
     For the `dict` floor the config is closed over, as hand-written JAX does: the
@@ -547,11 +612,14 @@ def make_jitted(impl: str, jit: str, fn: Callable[..., Any], cfg: Any = None) ->
     retracing), which is why the floor is no reference where static values change.
     """
     if impl == "dict":
+
         def body(params: Any, *args: Any) -> Any:
             return fn(merge(params, cfg), *args)
     else:
+
         def body(tree: Any, *args: Any) -> Any:
             return fn(tree, *args)
+
     if jit == JAX_JIT:
         return jax.jit(body)
     if jit == FILTER_JIT:

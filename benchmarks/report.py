@@ -53,7 +53,9 @@ def fmt_ratio(r: dict[str, float] | None, iqr: bool = False) -> str:
     return text
 
 
-def table(header: list[str], rows: Iterable[list[str]], align: str | None = None) -> list[str]:
+def table(
+    header: list[str], rows: Iterable[list[str]], align: str | None = None
+) -> list[str]:
     align = align or "l" + "r" * (len(header) - 1)
     seps = ["---:" if a == "r" else "---" for a in align]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(seps) + "|"]
@@ -98,11 +100,15 @@ def tree_ops_section(res: dict[str, Any]) -> list[str]:
             [f"`{impl}`", info["leaves"], info["treedef_nodes"]]
             + [fmt_stat_us(per_op.get(op)) for op in ops]
         )
-    lines += table(["impl", "leaves", "treedef nodes"] + [OP_LABELS[o] for o in ops], rows)
+    lines += table(
+        ["impl", "leaves", "treedef nodes"] + [OP_LABELS[o] for o in ops], rows
+    )
     not_equal = [i for i, info in res["info"].items() if not info["treedefs_equal"]]
     if not_equal:
         lines.append("")
-        lines.append(f"**treedefs of two equal models compare unequal for: {', '.join(not_equal)}**")
+        lines.append(
+            f"**treedefs of two equal models compare unequal for: {', '.join(not_equal)}**"
+        )
     for ref in ("eqx-static", "dict"):
         if not res["ratios"].get(ref):
             continue
@@ -112,12 +118,18 @@ def tree_ops_section(res: dict[str, Any]) -> list[str]:
             for impl, r in res["ratios"][ref].items()
         ]
         lines += table(["impl"] + [OP_LABELS[o] for o in ops], rows)
-    lines += ["", "Dispatch of a compiled `lambda m: <one array> + 1`, µs/call (blocked):", ""]
+    lines += [
+        "",
+        "Dispatch of a compiled `lambda m: <one array> + 1`, µs/call (blocked):",
+        "",
+    ]
     refs = [DICT_JIT, EQX_STATIC_JIT, EQX_STATIC_FILTER, EQX_FILTER_FILTER]
     rows = []
     for name, entry in res["dispatch_us"].items():
         if "fails" in entry:
-            rows.append([f"`{name}`", f"**fails**: {entry['fails'][:120]}"] + [""] * len(refs))
+            rows.append(
+                [f"`{name}`", f"**fails**: {entry['fails'][:120]}"] + [""] * len(refs)
+            )
             continue
         rows.append(
             [f"`{name}`", fmt_stat_us(entry)]
@@ -129,11 +141,16 @@ def tree_ops_section(res: dict[str, Any]) -> list[str]:
 
 def overview_section(tree_ops: dict[str, Any]) -> list[str]:
     mlps = sorted(
-        (int(name.split("-")[1]), res) for name, res in tree_ops.items() if name.startswith("mlp-")
+        (int(name.split("-")[1]), res)
+        for name, res in tree_ops.items()
+        if name.startswith("mlp-")
     )
     if not mlps:
         return []
-    lines = ["### Overview: MLP overhead vs N, median µs (ratio vs `eqx-static` | vs `dict`)", ""]
+    lines = [
+        "### Overview: MLP overhead vs N, median µs (ratio vs `eqx-static` | vs `dict`)",
+        "",
+    ]
     header = ["impl / op"] + [f"N={n}" for n, _ in mlps]
     rows = []
     for impl in M.IMPLS + (M.PYNODE,):
@@ -146,7 +163,9 @@ def overview_section(tree_ops: dict[str, Any]) -> list[str]:
                     continue
                 rs = res["ratios"]["eqx-static"].get(impl, {}).get(op)
                 rd = res["ratios"]["dict"].get(impl, {}).get(op)
-                cells.append(f"{fmt_time_us(stat['median'])} ({fmt_ratio(rs)} \\| {fmt_ratio(rd)})")
+                cells.append(
+                    f"{fmt_time_us(stat['median'])} ({fmt_ratio(rs)} \\| {fmt_ratio(rd)})"
+                )
             rows.append([f"`{impl}` {op}"] + cells)
     for impl, jit in M.VARIANTS:
         name = M.variant_name(impl, jit)
@@ -181,7 +200,9 @@ def async_section(res: dict[str, Any]) -> list[str]:
     rows = []
     for name, v in res["variants"].items():
         if "fails" in v:
-            rows.append([f"`{name}`", f"fails: {v['fails'][:100]}", "", "", "", "", "", ""])
+            rows.append(
+                [f"`{name}`", f"fails: {v['fails'][:100]}", "", "", "", "", "", ""]
+            )
             continue
         rows.append(
             [
@@ -196,9 +217,16 @@ def async_section(res: dict[str, Any]) -> list[str]:
             ]
         )
     lines += table(
-        ["variant", "wall ms/step (IQR)", f"wall vs {EQX_STATIC_FILTER}", "no-host ms/step",
-         "serial = no-host + host", "ideal = max(no-host, host)", "host hidden ms/step (paired)",
-         "hidden / min(no-host, host) (IQR)"],
+        [
+            "variant",
+            "wall ms/step (IQR)",
+            f"wall vs {EQX_STATIC_FILTER}",
+            "no-host ms/step",
+            "serial = no-host + host",
+            "ideal = max(no-host, host)",
+            "host hidden ms/step (paired)",
+            "hidden / min(no-host, host) (IQR)",
+        ],
         rows,
     )
     lines += [
@@ -214,10 +242,19 @@ def async_section(res: dict[str, Any]) -> list[str]:
 def retracing_section(res: dict[str, Any]) -> list[str]:
     scen = res["scenarios"]
     names = list(scen)
-    lines = [f"### Retracing (MLP depth {res['depth']}; traces per scenario, fresh jitted function each)", ""]
+    lines = [
+        f"### Retracing (MLP depth {res['depth']}; traces per scenario, fresh jitted function each)",
+        "",
+    ]
     for n in names:
-        eq = "static values equal" if scen[n]["static_values_equal"] else "static values CHANGE"
-        lines.append(f"* `{n}`: {scen[n]['description']}; ideal {scen[n]['ideal']} ({eq})")
+        eq = (
+            "static values equal"
+            if scen[n]["static_values_equal"]
+            else "static values CHANGE"
+        )
+        lines.append(
+            f"* `{n}`: {scen[n]['description']}; ideal {scen[n]['ideal']} ({eq})"
+        )
     lines.append("")
     rows = [["**ideal**"] + [str(scen[n]["ideal"]) for n in names] + [""]]
     for variant, row in res["counts"].items():
@@ -236,7 +273,11 @@ def retracing_section(res: dict[str, Any]) -> list[str]:
             cells.append(text)
         notes = [f"{', '.join(ns)}: {err}" for err, ns in errors.items()] + notes
         rows.append([f"`{variant}`"] + cells + ["; ".join(notes)])
-    lines += table(["variant"] + [f"`{n}`" for n in names] + ["notes"], rows, "l" + "r" * len(names) + "l")
+    lines += table(
+        ["variant"] + [f"`{n}`" for n in names] + ["notes"],
+        rows,
+        "l" + "r" * len(names) + "l",
+    )
     lines += [
         "",
         "The `dict` floor closes over its non-array data, so it is the reference only where "
@@ -250,8 +291,15 @@ def retracing_section(res: dict[str, Any]) -> list[str]:
 
 def first_call_section(first_call: dict[str, Any]) -> list[str]:
     fn = next(iter(first_call.values()))["fn"]
-    what = "the dispatch benchmark's cheap function" if fn == "probe" else "the whole MLP forward pass"
-    lines = [f"### Time to first call (trace + compile + run of a fresh jitted function: {what}), ms", ""]
+    what = (
+        "the dispatch benchmark's cheap function"
+        if fn == "probe"
+        else "the whole MLP forward pass"
+    )
+    lines = [
+        f"### Time to first call (trace + compile + run of a fresh jitted function: {what}), ms",
+        "",
+    ]
     rows = []
     for n, res in first_call.items():
         for name, v in res["variants"].items():
@@ -267,7 +315,17 @@ def first_call_section(first_call: dict[str, Any]) -> list[str]:
                     ", ".join(f"{s:.0f}" for s in v["samples_ms"]),
                 ]
             )
-    lines += table(["N", "variant", "median ms (IQR)", "vs eqx-static / jax.jit (paired)", "samples"], rows, "rlrrl")
+    lines += table(
+        [
+            "N",
+            "variant",
+            "median ms (IQR)",
+            "vs eqx-static / jax.jit (paired)",
+            "samples",
+        ],
+        rows,
+        "rlrrl",
+    )
     return lines + [""]
 
 
@@ -277,7 +335,9 @@ def training_section(training: dict[str, Any]) -> list[str]:
     for model, res in training.items():
         for name, v in res["variants"].items():
             if "fails" in v:
-                rows.append([model, f"`{name}`", f"fails: {v['fails'][:80]}", "", "", "", ""])
+                rows.append(
+                    [model, f"`{name}`", f"fails: {v['fails'][:80]}", "", "", "", ""]
+                )
                 continue
             r = v["throughput_ratios"]
             rows.append(
@@ -292,11 +352,23 @@ def training_section(training: dict[str, Any]) -> list[str]:
                 ]
             )
     lines += table(
-        ["model", "variant", "steps/s", "ms/step (IQR)", f"throughput vs {EQX_STATIC_FILTER}",
-         f"throughput vs {DICT_JIT}", "first call s"],
-        rows, "llrrrrr",
+        [
+            "model",
+            "variant",
+            "steps/s",
+            "ms/step (IQR)",
+            f"throughput vs {EQX_STATIC_FILTER}",
+            f"throughput vs {DICT_JIT}",
+            "first call s",
+        ],
+        rows,
+        "llrrrrr",
     )
-    return lines + ["", "Throughput ratios are paired per round; > 1 = more steps/s.", ""]
+    return lines + [
+        "",
+        "Throughput ratios are paired per round; > 1 = more steps/s.",
+        "",
+    ]
 
 
 def serialisation_section(ser: dict[str, Any]) -> list[str]:
@@ -322,7 +394,13 @@ def serialisation_section(ser: dict[str, Any]) -> list[str]:
 
 
 def _target(
-    name: str, value: float | None, op: str, threshold: float, detail: str, where: str, note: str = ""
+    name: str,
+    value: float | None,
+    op: str,
+    threshold: float,
+    detail: str,
+    where: str,
+    note: str = "",
 ) -> dict[str, Any]:
     if value is None or not math.isfinite(value):
         status = "N/A"
@@ -331,8 +409,14 @@ def _target(
     else:
         status = "MET" if value >= threshold else "MISSED"
     return {
-        "target": name, "where": where, "value": value, "op": op, "threshold": threshold,
-        "status": status, "detail": detail, "note": note,
+        "target": name,
+        "where": where,
+        "value": value,
+        "op": op,
+        "threshold": threshold,
+        "status": status,
+        "detail": detail,
+        "note": note,
     }
 
 
@@ -342,7 +426,10 @@ def _pick_mlp(available: Iterable[int]) -> tuple[int | None, str]:
         return None, "not measured"
     if TARGET_N in sizes:
         return TARGET_N, ""
-    return sizes[-1], f"evaluated on N={sizes[-1]}: the target is stated for N={TARGET_N}, which this run did not measure"
+    return (
+        sizes[-1],
+        f"evaluated on N={sizes[-1]}: the target is stated for N={TARGET_N}, which this run did not measure",
+    )
 
 
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -362,10 +449,14 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
             targets.append(
                 _target(
-                    f"{op} <= {thr}x {ref}", r and r["median"], "<=", thr,
+                    f"{op} <= {thr}x {ref}",
+                    r and r["median"],
+                    "<=",
+                    thr,
                     f"{fmt_ratio(r, iqr=True)}; autostatic {fmt_stat_us(res.get('ops_us', {}).get('autostatic', {}).get(op), True)}, "
                     f"{ref} {fmt_stat_us(res.get('ops_us', {}).get(ref, {}).get(op), True)}",
-                    where, "; ".join(x for x in (note, floor_note) if x),
+                    where,
+                    "; ".join(x for x in (note, floor_note) if x),
                 )
             )
     disp = res.get("dispatch_us", {}).get(AUTO_JIT, {})
@@ -373,10 +464,14 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         r = disp.get("ratios", {}).get(ref)
         targets.append(
             _target(
-                f"dispatch {AUTO_JIT} <= {thr}x {ref}", r and r["median"], "<=", thr,
+                f"dispatch {AUTO_JIT} <= {thr}x {ref}",
+                r and r["median"],
+                "<=",
+                thr,
                 f"{fmt_ratio(r, iqr=True)}; autostatic {fmt_stat_us(disp, True) if 'median' in disp else '-'}, "
                 f"ref {fmt_stat_us(res.get('dispatch_us', {}).get(ref), True)}",
-                where, note,
+                where,
+                note,
             )
         )
     # Retracing: equal to the dict floor wherever the static values are equal.
@@ -388,7 +483,8 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         diffs = [
             f"{s}: {auto.get(s, {}).get('count')}{' (error)' if 'error' in auto.get(s, {}) else ''} vs dict {ref.get(s, {}).get('count')}"
             for s in equal
-            if auto.get(s, {}).get("count") != ref.get(s, {}).get("count") or "error" in auto.get(s, {})
+            if auto.get(s, {}).get("count") != ref.get(s, {}).get("count")
+            or "error" in auto.get(s, {})
         ]
         others = [
             f"{s}: {auto.get(s, {}).get('count')} (ideal {d['ideal']}, dict {ref.get(s, {}).get('count')}{' stale' if ref.get(s, {}).get('stale') else ''})"
@@ -398,7 +494,9 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append(
             _target(
                 "trace counts == dict floor where static values are equal",
-                float(len(diffs)), "<=", 0.0,
+                float(len(diffs)),
+                "<=",
+                0.0,
                 ("all equal" if not diffs else "differ: " + "; ".join(diffs))
                 + f" ({', '.join(equal)})",
                 f"mlp-{rt['depth']}",
@@ -407,17 +505,23 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     else:
-        targets.append(_target("trace counts == dict floor", None, "<=", 0.0, "not measured", "-"))
+        targets.append(
+            _target("trace counts == dict floor", None, "<=", 0.0, "not measured", "-")
+        )
     fc = results.get("first_call", {})
     n_fc, note_fc = _pick_mlp(int(k) for k in fc)
     v = fc.get(str(n_fc), {}).get("variants", {}).get(AUTO_JIT, {}) if n_fc else {}
     r = v.get("vs eqx-static / jax.jit")
     targets.append(
         _target(
-            f"time to first call {AUTO_JIT} <= 1.05x {EQX_STATIC_JIT}", r and r["median"], "<=", 1.05,
+            f"time to first call {AUTO_JIT} <= 1.05x {EQX_STATIC_JIT}",
+            r and r["median"],
+            "<=",
+            1.05,
             f"{fmt_ratio(r, iqr=True)}; autostatic {v.get('median', float('nan')):.1f} ms over {v.get('n', 0)} reps "
             "(fresh jitted `lambda m: m.layers[0].bias + 1`)",
-            f"mlp-{n_fc}", note_fc + ("; " if note_fc else "") + _forward_note(results, n_fc),
+            f"mlp-{n_fc}",
+            note_fc + ("; " if note_fc else "") + _forward_note(results, n_fc),
         )
     )
     tr = results.get("training", {})
@@ -427,13 +531,19 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"evaluated on mlp-{n_tr}: training the {TARGET_N}-layer MLP is only in --full "
             "(its train step takes ~10 s per variant to compile on 2 CPU cores)"
         )
-    entry = tr.get(f"mlp-{n_tr}", {}).get("variants", {}).get(AUTO_JIT, {}) if n_tr else {}
+    entry = (
+        tr.get(f"mlp-{n_tr}", {}).get("variants", {}).get(AUTO_JIT, {}) if n_tr else {}
+    )
     r = entry.get("throughput_ratios", {}).get(EQX_STATIC_FILTER)
     targets.append(
         _target(
-            f"training throughput {AUTO_JIT} >= {EQX_STATIC_FILTER}", r and r["median"], ">=", 1.0,
+            f"training throughput {AUTO_JIT} >= {EQX_STATIC_FILTER}",
+            r and r["median"],
+            ">=",
+            1.0,
             f"{fmt_ratio(r, iqr=True)}; {entry.get('steps_per_s', float('nan')):.0f} steps/s",
-            f"mlp-{n_tr}", note_tr,
+            f"mlp-{n_tr}",
+            note_tr,
         )
     )
     # Not a target in the brief (which names the MLP); shown for information.
@@ -441,9 +551,13 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     r = entry.get("throughput_ratios", {}).get(EQX_STATIC_FILTER)
     if r:
         t = _target(
-            f"(info) training throughput {AUTO_JIT} >= {EQX_STATIC_FILTER}", r["median"], ">=", 1.0,
+            f"(info) training throughput {AUTO_JIT} >= {EQX_STATIC_FILTER}",
+            r["median"],
+            ">=",
+            1.0,
             f"{fmt_ratio(r, iqr=True)}; {entry.get('steps_per_s', float('nan')):.0f} steps/s",
-            "transformer", "information only: not one of the stated targets",
+            "transformer",
+            "information only: not one of the stated targets",
         )
         t["status"] = "info: " + t["status"]
         targets.append(t)
@@ -452,7 +566,12 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _forward_note(results: dict[str, Any], n: int | None) -> str:
     """The forward-pass first call (--full only), as information next to the target."""
-    v = results.get("first_call_forward", {}).get(str(n), {}).get("variants", {}).get(AUTO_JIT, {})
+    v = (
+        results.get("first_call_forward", {})
+        .get(str(n), {})
+        .get("variants", {})
+        .get(AUTO_JIT, {})
+    )
     r = v.get("vs eqx-static / jax.jit")
     if not r:
         return "the whole forward pass is timed in --full only"
@@ -507,7 +626,11 @@ def render(results: dict[str, Any]) -> str:
     if results.get("serialisation"):
         lines += serialisation_section(results["serialisation"])
     if results.get("errors"):
-        lines += ["### Errors", ""] + [f"* {e['section']}: {e['error']}" for e in results["errors"]] + [""]
+        lines += (
+            ["### Errors", ""]
+            + [f"* {e['section']}: {e['error']}" for e in results["errors"]]
+            + [""]
+        )
     lines.append(f"Wall time: {results.get('wall_s', float('nan')):.1f} s")
     return "\n".join(lines) + "\n"
 
@@ -539,7 +662,9 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
         return []
     written = []
     tree_ops = results.get("tree_ops", {})
-    mlps = sorted((int(k.split("-")[1]), v) for k, v in tree_ops.items() if k.startswith("mlp-"))
+    mlps = sorted(
+        (int(k.split("-")[1]), v) for k, v in tree_ops.items() if k.startswith("mlp-")
+    )
     backend = results["machine"]["backend"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, op in zip(axes[:2], ("flatten", "unflatten")):
@@ -548,10 +673,17 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
             if pts:
                 floor = impl == M.PYNODE
                 ax.errorbar(
-                    [p[0] for p in pts], [p[1]["median"] for p in pts],
-                    yerr=[[p[1]["median"] - p[1]["q1"] for p in pts], [p[1]["q3"] - p[1]["median"] for p in pts]],
-                    marker="." if floor else "o", label=f"{impl} (floor)" if floor else impl,
-                    capsize=2, linestyle=":" if floor else "-", color="grey" if floor else None,
+                    [p[0] for p in pts],
+                    [p[1]["median"] for p in pts],
+                    yerr=[
+                        [p[1]["median"] - p[1]["q1"] for p in pts],
+                        [p[1]["q3"] - p[1]["median"] for p in pts],
+                    ],
+                    marker="." if floor else "o",
+                    label=f"{impl} (floor)" if floor else impl,
+                    capsize=2,
+                    linestyle=":" if floor else "-",
+                    color="grey" if floor else None,
                 )
         ax.set_title(f"tree_{op}")
     ax = axes[2]
@@ -560,8 +692,13 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
         pts = [(n, r["dispatch_us"].get(name, {})) for n, r in mlps]
         pts = [(n, e) for n, e in pts if "median" in e]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1]["median"] for p in pts], marker="o",
-                    linestyle="--" if jit == M.FILTER_JIT else "-", label=name)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1]["median"] for p in pts],
+                marker="o",
+                linestyle="--" if jit == M.FILTER_JIT else "-",
+                label=name,
+            )
     ax.set_title("dispatch (compiled, blocked)")
     for ax in axes:
         ax.set_xscale("log")
@@ -570,7 +707,9 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
         ax.set_ylabel("µs (median, IQR bars)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Pytree overhead vs depth ({backend}, {results['machine']['mode']} mode)")
+    fig.suptitle(
+        f"Pytree overhead vs depth ({backend}, {results['machine']['mode']} mode)"
+    )
     fig.tight_layout()
     fig.savefig(out / "overhead_vs_n.png", dpi=110)
     plt.close(fig)
@@ -591,10 +730,21 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
                 lo, hi = v["ms_iqr"]
                 errs.append((v["steps_per_s"] - 1e3 / hi, 1e3 / lo - v["steps_per_s"]))
         if xs:
-            ax.bar(xs, ys, width, label=name, yerr=[[e[0] for e in errs], [e[1] for e in errs]], capsize=2)
-    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(models))], models)
+            ax.bar(
+                xs,
+                ys,
+                width,
+                label=name,
+                yerr=[[e[0] for e in errs], [e[1] for e in errs]],
+                capsize=2,
+            )
+    ax.set_xticks(
+        [j + width * (len(names) - 1) / 2 for j in range(len(models))], models
+    )
     ax.set_ylabel("training steps / s (median, IQR bars)")
-    ax.set_title(f"Training-step throughput ({backend}, {results['machine']['mode']} mode)")
+    ax.set_title(
+        f"Training-step throughput ({backend}, {results['machine']['mode']} mode)"
+    )
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     fig.tight_layout()

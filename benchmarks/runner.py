@@ -36,33 +36,72 @@ from typing import Any
 
 import jax
 
-from . import models as M
-from . import report
-from . import scenarios as S
+from . import models as M, report, scenarios as S
 from .timing import frozen_heap
 
 MODES: dict[str, S.Settings] = {
     "smoke": S.Settings(
-        mode="smoke", sizes=(4, 16), rounds=3, target_batch_s=2e-4, group_budget_s=0.5,
+        mode="smoke",
+        sizes=(4, 16),
+        rounds=3,
+        target_batch_s=2e-4,
+        group_budget_s=0.5,
         target_group_budget_s=0.5,
-        retrace_repeats=3, adam_steps=5, ttfc_reps=1, ttfc_forward_reps=0,
-        train_sizes=(4,), train_transformer=False, train_steps=2, train_rounds=2,
-        train_budget_s=1.0, async_steps=2, async_rounds=2, async_host_s=2e-4,
+        retrace_repeats=3,
+        adam_steps=5,
+        ttfc_reps=1,
+        ttfc_forward_reps=0,
+        train_sizes=(4,),
+        train_transformer=False,
+        train_steps=2,
+        train_rounds=2,
+        train_budget_s=1.0,
+        async_steps=2,
+        async_rounds=2,
+        async_host_s=2e-4,
         async_device_s=2e-4,
     ),
     "quick": S.Settings(
-        mode="quick", sizes=(4, 32, 256), rounds=30, target_batch_s=2e-3,
-        group_budget_s=2.0, target_group_budget_s=6.0, retrace_repeats=20, adam_steps=200, ttfc_reps=7,
-        ttfc_forward_reps=0, train_sizes=(32,), train_transformer=True, train_steps=10,
-        train_rounds=10, train_budget_s=3.0, async_steps=10, async_rounds=6,
-        async_host_s=1e-3, async_device_s=3e-3,
+        mode="quick",
+        sizes=(4, 32, 256),
+        rounds=30,
+        target_batch_s=2e-3,
+        group_budget_s=2.0,
+        target_group_budget_s=6.0,
+        retrace_repeats=20,
+        adam_steps=200,
+        ttfc_reps=7,
+        ttfc_forward_reps=0,
+        train_sizes=(32,),
+        train_transformer=True,
+        train_steps=10,
+        train_rounds=10,
+        train_budget_s=3.0,
+        async_steps=10,
+        async_rounds=6,
+        async_host_s=1e-3,
+        async_device_s=3e-3,
     ),
     "full": S.Settings(
-        mode="full", sizes=(4, 32, 256), rounds=150, target_batch_s=2e-3,
-        group_budget_s=None, target_group_budget_s=None, retrace_repeats=20, adam_steps=200, ttfc_reps=15,
-        ttfc_forward_reps=5, train_sizes=(32, 256), train_transformer=True, train_steps=20,
-        train_rounds=15, train_budget_s=None, async_steps=50, async_rounds=10,
-        async_host_s=1e-3, async_device_s=3e-3,
+        mode="full",
+        sizes=(4, 32, 256),
+        rounds=150,
+        target_batch_s=2e-3,
+        group_budget_s=None,
+        target_group_budget_s=None,
+        retrace_repeats=20,
+        adam_steps=200,
+        ttfc_reps=15,
+        ttfc_forward_reps=5,
+        train_sizes=(32, 256),
+        train_transformer=True,
+        train_steps=20,
+        train_rounds=15,
+        train_budget_s=None,
+        async_steps=50,
+        async_rounds=10,
+        async_host_s=1e-3,
+        async_device_s=3e-3,
     ),
 }
 # Models of the tree-op / dispatch groups besides the MLPs.
@@ -78,20 +117,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "results.json, results.md and PNG plots.",
     )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="README numbers, < 2 min on 2 CPU cores (default)")
-    mode.add_argument("--full", dest="mode", action="store_const", const="full",
-                      help="more rounds, 256-layer training, forward-pass first calls (~7 min on 2 cores)")
-    mode.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
-                      help="seconds; only checks that everything runs")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output directory (default benchmarks/results/<backend>/)")
-    p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",") if x),
-                   default=None, help="MLP depths, comma-separated (default 4,32,256)")
-    p.add_argument("--isolate", dest="isolate", action="store_true", default=None,
-                   help="one process per tree-op group (default in --full)")
-    p.add_argument("--no-isolate", dest="isolate", action="store_false",
-                   help="run every group in this process")
+    mode.add_argument(
+        "--quick",
+        dest="mode",
+        action="store_const",
+        const="quick",
+        help="README numbers, < 2 min on 2 CPU cores (default)",
+    )
+    mode.add_argument(
+        "--full",
+        dest="mode",
+        action="store_const",
+        const="full",
+        help="more rounds, 256-layer training, forward-pass first calls (~7 min on 2 cores)",
+    )
+    mode.add_argument(
+        "--smoke",
+        dest="mode",
+        action="store_const",
+        const="smoke",
+        help="seconds; only checks that everything runs",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default benchmarks/results/<backend>/)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda s: tuple(int(x) for x in s.split(",") if x),
+        default=None,
+        help="MLP depths, comma-separated (default 4,32,256)",
+    )
+    p.add_argument(
+        "--isolate",
+        dest="isolate",
+        action="store_true",
+        default=None,
+        help="one process per tree-op group (default in --full)",
+    )
+    p.add_argument(
+        "--no-isolate",
+        dest="isolate",
+        action="store_false",
+        help="run every group in this process",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -108,10 +179,16 @@ def machine_info(mode: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[pkg] = None
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-            text=True, timeout=5,
-        ).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
     devices = jax.devices()
@@ -164,7 +241,9 @@ def _arrays_for(model: str, cache: dict[str, Any]) -> tuple[M.Family, Any]:
 
 def _budget(model: str, settings: S.Settings) -> float | None:
     """The MLP the targets are read on (256 layers, else the deepest) gets more rounds."""
-    target = report.TARGET_N if report.TARGET_N in settings.sizes else max(settings.sizes)
+    target = (
+        report.TARGET_N if report.TARGET_N in settings.sizes else max(settings.sizes)
+    )
     if model == f"mlp-{target}":
         return settings.target_group_budget_s
     return settings.group_budget_s
@@ -175,12 +254,28 @@ def _tree_ops_isolated(model: str, mode: str, sizes: tuple[int, ...]) -> dict[st
     per-size processes), so one model's heap and caches cannot affect another's."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "group.json"
-        cmd = [sys.executable, "-m", "benchmarks", f"--{mode}", "--worker", model,
-               "--worker-out", str(path), "--sizes", ",".join(map(str, sizes))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(REPO_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        ))
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            f"--{mode}",
+            "--worker",
+            model,
+            "--worker-out",
+            str(path),
+            "--sizes",
+            ",".join(map(str, sizes)),
+        ]
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                [str(REPO_ROOT)]
+                + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            ),
+        )
+        proc = subprocess.run(
+            cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True
+        )
         if proc.returncode != 0 or not path.exists():
             raise RuntimeError(f"worker for {model} failed:\n{proc.stderr[-3000:]}")
         return json.loads(path.read_text())
@@ -192,16 +287,22 @@ def _serialisation(quick: bool) -> dict[str, Any]:
         from . import serialisation  # type: ignore[attr-defined]
     except ModuleNotFoundError as err:
         if err.name == f"{__package__}.serialisation":
-            return {"status": "missing", "error": "benchmarks/serialisation.py does not exist"}
+            return {
+                "status": "missing",
+                "error": "benchmarks/serialisation.py does not exist",
+            }
         return {"status": "failed", "error": f"import: {type(err).__name__}: {err}"}
-    except Exception as err:  # noqa: BLE001 - someone else's module: record, go on
+    except Exception as err:
         return {"status": "failed", "error": f"import: {type(err).__name__}: {err}"}
     run = getattr(serialisation, "run", None)
     if not callable(run):
-        return {"status": "failed", "error": "benchmarks/serialisation.py has no run(quick) function"}
+        return {
+            "status": "failed",
+            "error": "benchmarks/serialisation.py has no run(quick) function",
+        }
     try:
         out = run(quick=quick)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         traceback.print_exc()
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     return {"status": "ok", "results": out}
@@ -215,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.worker:  # a child process of `_tree_ops_isolated`
         family, arr = _arrays_for(args.worker, arrays)
-        res = S.tree_ops(args.worker, family, arr, settings, budget_s=_budget(args.worker, settings))
+        res = S.tree_ops(
+            args.worker, family, arr, settings, budget_s=_budget(args.worker, settings)
+        )
         args.worker_out.write_text(json.dumps(report._jsonable(res)))
         return 0
 
@@ -238,31 +341,48 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True)
+        print(
+            f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True
+        )
 
     def section(name: str, fn: Callable[[], Any]) -> Any:
         log(name)
         try:
-            with frozen_heap():  # keeps the collector's full-heap scans out of every section
+            with (
+                frozen_heap()
+            ):  # keeps the collector's full-heap scans out of every section
                 return fn()
-        except Exception as err:  # noqa: BLE001 - record, run the other sections
+        except Exception as err:
             traceback.print_exc()
-            results["errors"].append({"section": name, "error": f"{type(err).__name__}: {err}"})
+            results["errors"].append(
+                {"section": name, "error": f"{type(err).__name__}: {err}"}
+            )
             return None
 
     if M.AUTOSTATIC_ERROR:
         log(f"autostatic unavailable: {M.AUTOSTATIC_ERROR}")
-    log(f"{args.mode} mode, backend {machine['backend']} ({machine['device_kind']}), out {out}")
+    log(
+        f"{args.mode} mode, backend {machine['backend']} ({machine['device_kind']}), out {out}"
+    )
 
     models = [f"mlp-{n}" for n in settings.sizes] + list(OTHER_MODELS)
     for i, model in enumerate(models):
         if isolate:
-            res = section(f"tree ops + dispatch: {model} (own process)",
-                          lambda m=model: _tree_ops_isolated(m, args.mode, settings.sizes))
+            res = section(
+                f"tree ops + dispatch: {model} (own process)",
+                lambda m=model: _tree_ops_isolated(m, args.mode, settings.sizes),
+            )
         else:
-            res = section(f"tree ops + dispatch: {model}",
-                          lambda m=model, i=i: S.tree_ops(m, *_arrays_for(m, arrays), settings, seed=i,
-                                                          budget_s=_budget(m, settings)))
+            res = section(
+                f"tree ops + dispatch: {model}",
+                lambda m=model, i=i: S.tree_ops(
+                    m,
+                    *_arrays_for(m, arrays),
+                    settings,
+                    seed=i,
+                    budget_s=_budget(m, settings),
+                ),
+            )
         if res is not None:
             results["tree_ops"][model] = res
 
@@ -273,14 +393,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     small = f"mlp-{min(settings.sizes)}"
     results["retracing"] = section(
-        f"retracing ({small})", lambda: S.retracing(_arrays_for(small, arrays)[1], settings)
+        f"retracing ({small})",
+        lambda: S.retracing(_arrays_for(small, arrays)[1], settings),
     )
-    for fn, key, reps in (("probe", "first_call", settings.ttfc_reps),
-                          ("forward", "first_call_forward", settings.ttfc_forward_reps)):
+    for fn, key, reps in (
+        ("probe", "first_call", settings.ttfc_reps),
+        ("forward", "first_call_forward", settings.ttfc_forward_reps),
+    ):
         for n in settings.sizes if reps else ():
             res = section(
                 f"time to first call, {fn} (mlp-{n})",
-                lambda n=n, fn=fn: S.first_call(n, _arrays_for(f"mlp-{n}", arrays)[1], settings, fn, seed=n),
+                lambda n=n, fn=fn: S.first_call(
+                    n, _arrays_for(f"mlp-{n}", arrays)[1], settings, fn, seed=n
+                ),
             )
             if res is not None:
                 results[key][str(n)] = res
@@ -297,9 +422,14 @@ def main(argv: list[str] | None = None) -> int:
             "serialisation", lambda: _serialisation(quick=args.mode == "quick")
         )
     else:
-        results["serialisation"] = {"status": "skipped", "error": "not run in --smoke mode"}
+        results["serialisation"] = {
+            "status": "skipped",
+            "error": "not run in --smoke mode",
+        }
 
-    results["targets"] = section("targets", lambda: report.evaluate_targets(results)) or []
+    results["targets"] = (
+        section("targets", lambda: report.evaluate_targets(results)) or []
+    )
     results["wall_s"] = time.perf_counter() - start
     text = report.render(results)
     print(text)
@@ -307,7 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_plots:
         results["plots"] = section("plots", lambda: report.plot(results, out)) or []
         if not results["plots"]:
-            results["plots_note"] = "matplotlib is not installed (pip install -e '.[bench]')"
+            results["plots_note"] = (
+                "matplotlib is not installed (pip install -e '.[bench]')"
+            )
     results["wall_s"] = time.perf_counter() - start
     report.write_json(results, out / "results.json")
     log(f"done: {out / 'results.json'}, {len(results['errors'])} section error(s)")

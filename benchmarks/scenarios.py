@@ -31,7 +31,14 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import models as M
-from .timing import busy_wait, frozen_heap, paired_ratio, run_interleaved, summary, timed_once
+from .timing import (
+    busy_wait,
+    frozen_heap,
+    paired_ratio,
+    run_interleaved,
+    summary,
+    timed_once,
+)
 
 US = 1e6
 MS = 1e3
@@ -45,12 +52,18 @@ class Settings:
     sizes: tuple[int, ...]
     rounds: int  # rounds of the interleaved tree-op / dispatch groups
     target_batch_s: float
-    group_budget_s: float | None  # wall budget of one interleaved group (after 5 rounds)
+    group_budget_s: (
+        float | None
+    )  # wall budget of one interleaved group (after 5 rounds)
     target_group_budget_s: float | None  # the same for the MLP the targets are read on
     retrace_repeats: int  # the "x20" of the retracing scenarios
     adam_steps: int
-    ttfc_reps: int  # fresh functions per variant for time to first call (cheap function)
-    ttfc_forward_reps: int  # the same for the whole forward pass (0: skipped; ~1 s at N=256)
+    ttfc_reps: (
+        int  # fresh functions per variant for time to first call (cheap function)
+    )
+    ttfc_forward_reps: (
+        int  # the same for the whole forward pass (0: skipped; ~1 s at N=256)
+    )
     train_sizes: tuple[int, ...]  # MLP depths trained
     train_transformer: bool
     train_steps: int  # steps per timed batch
@@ -91,7 +104,12 @@ def _block(x: Any) -> Any:
 # --------------------------------------------------------------------------------------
 
 TREE_OPS: tuple[str, ...] = (
-    "flatten", "unflatten", "flatten_with_path", "treedef_eq", "unflatten_read", "build",
+    "flatten",
+    "unflatten",
+    "flatten_with_path",
+    "treedef_eq",
+    "unflatten_read",
+    "build",
 )
 # Building a 256-layer model takes ~30 ms, 100x a flatten: it is timed in a separate,
 # shorter interleaved run so it does not eat the rounds of the others.
@@ -149,7 +167,7 @@ def tree_ops(
     for impl in M.IMPLS:
         try:
             built[impl] = family.build(impl, arrays)
-        except Exception as err:  # noqa: BLE001 - recorded, the other impls go on
+        except Exception as err:
             failures[impl] = _error(err)
     # Tree ops only: the floor of a node whose flatten/unflatten run in Python.
     rebuild = {impl: functools.partial(family.build, impl, arrays) for impl in built}
@@ -173,11 +191,15 @@ def tree_ops(
             ],
         }
         cells[f"{impl}|flatten"] = functools.partial(jtu.tree_flatten, tree)
-        cells[f"{impl}|unflatten"] = functools.partial(jtu.tree_unflatten, treedef, leaves)
-        cells[f"{impl}|flatten_with_path"] = functools.partial(jtu.tree_flatten_with_path, tree)
+        cells[f"{impl}|unflatten"] = functools.partial(
+            jtu.tree_unflatten, treedef, leaves
+        )
+        cells[f"{impl}|flatten_with_path"] = functools.partial(
+            jtu.tree_flatten_with_path, tree
+        )
         cells[f"{impl}|treedef_eq"] = functools.partial(operator.eq, treedef, twin_def)
-        cells[f"{impl}|unflatten_read"] = (
-            lambda td=treedef, lv=leaves: _read_everything(jtu.tree_unflatten(td, lv))
+        cells[f"{impl}|unflatten_read"] = lambda td=treedef, lv=leaves: (
+            _read_everything(jtu.tree_unflatten(td, lv))
         )
         cells[f"{impl}|build"] = rebuild[impl]
 
@@ -191,7 +213,7 @@ def tree_ops(
         f = M.make_jitted(impl, jit, family.probe, b.cfg)
         try:
             _block(f(b.tree))
-        except Exception as err:  # noqa: BLE001 - e.g. plain jax.jit on eqx-filter
+        except Exception as err:
             dispatch_fail[name] = _error(err)
             continue
         cells[f"{name}|dispatch"] = lambda f=f, t=b.tree: f(t).block_until_ready()
@@ -205,7 +227,13 @@ def tree_ops(
         max_seconds=budget_s if budget_s is not None else settings.group_budget_s,
     )
     samples.update(
-        run_interleaved(slow, max(3, settings.rounds // 5), settings.target_batch_s, seed=seed, min_rounds=3)
+        run_interleaved(
+            slow,
+            max(3, settings.rounds // 5),
+            settings.target_batch_s,
+            seed=seed,
+            min_rounds=3,
+        )
     )
 
     ops: dict[str, dict[str, Any]] = {impl: {} for impl in built}
@@ -235,8 +263,14 @@ def tree_ops(
         dispatch[name] = entry
     return {
         "model": model,
-        "rounds": min((len(v) for k, v in samples.items() if k.split("|")[1] not in SLOW_OPS), default=0),
-        "rounds_slow_ops": min((len(v) for k, v in samples.items() if k.split("|")[1] in SLOW_OPS), default=0),
+        "rounds": min(
+            (len(v) for k, v in samples.items() if k.split("|")[1] not in SLOW_OPS),
+            default=0,
+        ),
+        "rounds_slow_ops": min(
+            (len(v) for k, v in samples.items() if k.split("|")[1] in SLOW_OPS),
+            default=0,
+        ),
         "unavailable": failures,
         "info": info,
         "ops_us": ops,
@@ -279,7 +313,9 @@ def async_dispatch(arrays: Any, settings: Settings) -> dict[str, Any]:
     """
     dim = 256
     rng = np.random.default_rng(1)
-    w = jax.device_put(rng.standard_normal((dim, dim)).astype(np.float32) / np.sqrt(dim))
+    w = jax.device_put(
+        rng.standard_normal((dim, dim)).astype(np.float32) / np.sqrt(dim)
+    )
     h0 = jax.device_put(rng.standard_normal((dim, dim)).astype(np.float32))
     ref = M.build_mlp("dict", arrays)
 
@@ -304,7 +340,7 @@ def async_dispatch(arrays: Any, settings: Settings) -> dict[str, Any]:
             b = M.build_mlp(impl, arrays)
             fn = M.make_jitted(impl, jit, heavy, b.cfg)
             _block(fn(b.tree, h0, w))
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             fails[name] = _error(err)
             continue
 
@@ -337,7 +373,9 @@ def async_dispatch(arrays: Any, settings: Settings) -> dict[str, Any]:
         alone = per_step[f"{name}|nohost"]["median"]
         # Hidden host work, paired per round like every ratio here: this variant's own
         # step time plus the host work, minus the wall time with both (same round).
-        rounds = zip(samples[f"{name}|host"], samples[f"{name}|nohost"], samples["host only"])
+        rounds = zip(
+            samples[f"{name}|host"], samples[f"{name}|nohost"], samples["host only"]
+        )
         hidden = [(a + h - w) / k for w, a, h in rounds]
         fraction = [
             x / min(a / k, h / k)
@@ -346,7 +384,10 @@ def async_dispatch(arrays: Any, settings: Settings) -> dict[str, Any]:
         ]
         variants[name] = {
             "wall_ms_per_step": wall * MS,
-            "wall_iqr_ms": [per_step[f"{name}|host"]["q1"] * MS, per_step[f"{name}|host"]["q3"] * MS],
+            "wall_iqr_ms": [
+                per_step[f"{name}|host"]["q1"] * MS,
+                per_step[f"{name}|host"]["q3"] * MS,
+            ],
             "no_host_ms_per_step": alone * MS,
             "serial_ms_per_step": (alone + host) * MS,
             "ideal_ms_per_step": max(alone, host) * MS,
@@ -426,7 +467,9 @@ def make_train_step(
         if on_trace is not None:
             on_trace()
         loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y, key)
-        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        updates, opt_state = opt.update(
+            grads, opt_state, eqx.filter(model, eqx.is_array)
+        )
         return eqx.apply_updates(model, updates), opt_state, loss
 
     return eqx.filter_jit(filter_step), lambda m: opt.init(eqx.filter(m, eqx.is_array))
@@ -469,7 +512,11 @@ def _run_scenario(
 
     out: dict[str, Any] = {}
     try:
-        first = build(activation=lambda v: jax.nn.relu(v)) if name == "new_lambda" else build()
+        first = (
+            build(activation=lambda v: jax.nn.relu(v))
+            if name == "new_lambda"
+            else build()
+        )
         f = M.make_jitted(impl, jit, counted, first.cfg)
         if name == "same":
             for _ in range(repeats):
@@ -509,7 +556,9 @@ def _run_scenario(
             # The loss reads only the first layer (like `counted`), to keep compiling cheap;
             # gradients and adam updates still cover every array of the model.
             family = dataclasses.replace(M.FAMILIES["mlp"], apply=_retrace_fn)
-            step, init = make_train_step(family, impl, jit, first.cfg, optax.adam(1e-3), on_trace)
+            step, init = make_train_step(
+                family, impl, jit, first.cfg, optax.adam(1e-3), on_trace
+            )
             tree, opt_state = first.tree, init(first.tree)
             y = jnp.zeros_like(x)
             for _ in range(adam_steps):
@@ -517,7 +566,7 @@ def _run_scenario(
             _block(loss)
         else:
             raise ValueError(name)
-    except Exception as err:  # noqa: BLE001 - a failing variant is a result
+    except Exception as err:
         out["error"] = _error(err)
     out["count"] = count
     return out
@@ -539,7 +588,12 @@ def retracing(arrays: Any, settings: Settings) -> dict[str, Any]:
         row = counts[M.variant_name(impl, jit)] = {}
         for name, *_ in SCENARIOS:
             row[name] = _run_scenario(name, impl, jit, arrays, r, settings.adam_steps)
-    return {"depth": len(arrays), "repeats": r, "scenarios": scenarios, "counts": counts}
+    return {
+        "depth": len(arrays),
+        "repeats": r,
+        "scenarios": scenarios,
+        "counts": counts,
+    }
 
 
 def _first_calls(
@@ -566,11 +620,15 @@ def _first_calls(
                 b = built[impl]
                 if fn == "probe":
                     f = M.make_jitted(impl, jit, lambda m: M.mlp_probe(m), b.cfg)
-                    samples.setdefault(name, []).append(timed_once(lambda: _block(f(b.tree))))
+                    samples.setdefault(name, []).append(
+                        timed_once(lambda f=f, b=b: _block(f(b.tree)))
+                    )
                 else:
                     f = M.make_jitted(impl, jit, lambda m, v: M.mlp_apply(m, v), b.cfg)
-                    samples.setdefault(name, []).append(timed_once(lambda: _block(f(b.tree, x))))
-            except Exception as err:  # noqa: BLE001
+                    samples.setdefault(name, []).append(
+                        timed_once(lambda f=f, b=b: _block(f(b.tree, x)))
+                    )
+            except Exception as err:
                 fails[name] = _error(err)
 
 
@@ -621,15 +679,22 @@ TRAIN_VARIANTS: tuple[tuple[str, str], ...] = (
     ("eqx-filter", M.FILTER_JIT),
     ("dict", M.JAX_JIT),
 )
-TRAIN_REFS: tuple[tuple[str, str], ...] = (("eqx-static", M.FILTER_JIT), ("dict", M.JAX_JIT))
+TRAIN_REFS: tuple[tuple[str, str], ...] = (
+    ("eqx-static", M.FILTER_JIT),
+    ("dict", M.JAX_JIT),
+)
 
 
-def training(model: str, family: M.Family, arrays: Any, settings: Settings) -> dict[str, Any]:
+def training(
+    model: str, family: M.Family, arrays: Any, settings: Settings
+) -> dict[str, Any]:
     """Steps/s of `step` in a loop that blocks only every `train_steps` steps."""
     import optax
 
     opt = optax.adam(1e-3)
-    x = jax.device_put(np.random.default_rng(2).standard_normal(family.input_shape).astype(np.float32))
+    x = jax.device_put(
+        np.random.default_rng(2).standard_normal(family.input_shape).astype(np.float32)
+    )
     key = jax.random.key(0) if family.uses_key else None
     cells: dict[str, Callable[[], Any]] = {}
     fails: dict[str, str] = {}
@@ -645,7 +710,7 @@ def training(model: str, family: M.Family, arrays: Any, settings: Settings) -> d
             start = time.perf_counter()
             _block(step(state[0], state[1], x, y, key))
             compile_s[name] = time.perf_counter() - start
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             fails[name] = _error(err)
             traceback.print_exc()
             continue
@@ -686,6 +751,8 @@ def training(model: str, family: M.Family, arrays: Any, settings: Settings) -> d
             rname = M.variant_name(*ref)
             if rname in samples:
                 # Throughput ratio = reference time / this time (>1 = more steps/s).
-                entry["throughput_ratios"][rname] = paired_ratio(samples[rname], samples[name])
+                entry["throughput_ratios"][rname] = paired_ratio(
+                    samples[rname], samples[name]
+                )
         out["variants"][name] = entry
     return out

@@ -31,7 +31,7 @@ def built() -> dict[str, M.Built]:
     for impl in M.IMPLS:
         try:
             out[impl] = M.build_mlp(impl, arrays)
-        except Exception as err:  # noqa: BLE001 - e.g. autostatic failing to import
+        except Exception as err:
             out[impl] = err
     return out
 
@@ -60,7 +60,9 @@ def test_tree_unflatten(benchmark: Any, built: dict[str, Any], impl: str) -> Non
     assert jtu.tree_structure(rebuilt) == treedef
 
 
-@pytest.mark.parametrize("impl,jit", DISPATCH_VARIANTS, ids=[f"{i}-{j}" for i, j in DISPATCH_VARIANTS])
+@pytest.mark.parametrize(
+    "impl,jit", DISPATCH_VARIANTS, ids=[f"{i}-{j}" for i, j in DISPATCH_VARIANTS]
+)
 def test_dispatch(benchmark: Any, built: dict[str, Any], impl: str, jit: str) -> None:
     """A compiled `lambda m: m.layers[0].bias + 1`, blocked on every call."""
     benchmark.group = f"dispatch, {N}-layer MLP"
@@ -69,4 +71,3 @@ def test_dispatch(benchmark: Any, built: dict[str, Any], impl: str, jit: str) ->
     f(b.tree).block_until_ready()  # compile outside the timing
     out = benchmark(lambda: f(b.tree).block_until_ready())
     assert out.shape == (M.MLP_WIDTH,)
-

@@ -61,7 +61,9 @@ def _batch(fn: Callable[[], Any], n: int) -> float:
     return (clock() - start) / n
 
 
-def calibrate(fn: Callable[[], Any], target_batch_s: float, max_loops: int = 100_000) -> int:
+def calibrate(
+    fn: Callable[[], Any], target_batch_s: float, max_loops: int = 100_000
+) -> int:
     """The number of calls that makes one batch last about `target_batch_s`."""
     fn()  # warm up (first-call caches, lazy attributes)
     n = 1
@@ -111,7 +113,11 @@ def run_interleaved(
                     samples[key].append(_batch(cells[key], loops[key]))
                 gc.enable()
                 elapsed = time.perf_counter() - start
-                if max_seconds is not None and r + 1 >= min_rounds and elapsed > max_seconds:
+                if (
+                    max_seconds is not None
+                    and r + 1 >= min_rounds
+                    and elapsed > max_seconds
+                ):
                     break
         finally:
             if was_enabled:

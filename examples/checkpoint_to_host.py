@@ -28,7 +28,10 @@ class Net(asx.AutoModule):
 
     def __init__(self, width: int, key: jax.Array):
         k1, k2 = jax.random.split(key)
-        self.layers = [eqx.nn.Linear(width, width, key=k1), eqx.nn.Linear(width, 1, key=k2)]
+        self.layers = [
+            eqx.nn.Linear(width, width, key=k1),
+            eqx.nn.Linear(width, 1, key=k2),
+        ]
         self.dropout = eqx.nn.Dropout(0.1)
         self.width = width
 
@@ -57,23 +60,34 @@ def _run(folder: str) -> dict[str, bool]:
     leaf_types = {type(x).__name__ for x in jax.tree_util.tree_leaves(on_host)}
     print("host load leaf types:", leaf_types)
     on_device = asx.load(path, template)
-    print("device load leaf types:", {type(x).__name__ for x in jax.tree_util.tree_leaves(on_device)})
+    print(
+        "device load leaf types:",
+        {type(x).__name__ for x in jax.tree_util.tree_leaves(on_device)},
+    )
     same = all(
         np.array_equal(a, b)
-        for a, b in zip(jax.tree_util.tree_leaves(on_host), jax.tree_util.tree_leaves(model))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(on_host), jax.tree_util.tree_leaves(model)
+        )
     )
 
     # Migrating: an eqx.Module checkpoint, keyed by the same paths.
     old = EqxNet(8, jax.random.key(1))
     asx.save(path, eqx.filter(old, eqx.is_array))
     migrated = asx.load(path, template)
-    print("migrated weight equal:", bool(jnp.all(migrated.layers[0].weight == old.layers[0].weight)))
+    print(
+        "migrated weight equal:",
+        bool(jnp.all(migrated.layers[0].weight == old.layers[0].weight)),
+    )
 
     # ... and a file written by Equinox itself (positional, Python scalars included).
     eqx_path = os.path.join(folder, "net.eqx")
     eqx.tree_serialise_leaves(eqx_path, old)
     from_eqx = asx.load_eqx(eqx_path, template)
-    print("load_eqx weight equal:", bool(jnp.all(from_eqx.layers[1].weight == old.layers[1].weight)))
+    print(
+        "load_eqx weight equal:",
+        bool(jnp.all(from_eqx.layers[1].weight == old.layers[1].weight)),
+    )
     try:  # a template whose static value differs from the stored one is refused
         asx.load_eqx(eqx_path, asx.tree_at(lambda m: m.dropout.p, template, 0.5))
     except asx.CheckpointError as err:

@@ -5,6 +5,7 @@ times show what skipping `filter_jit` saves.
     python examples/mlp_optax.py [--fast]
 """
 
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +25,9 @@ class AutoMLP(asx.AutoModule):
 
     def __init__(self, sizes: list[int], key: jax.Array):
         self.layers = []
-        for k, (n_in, n_out) in zip(jax.random.split(key, len(sizes) - 1), zip(sizes, sizes[1:])):
+        for k, (n_in, n_out) in zip(
+            jax.random.split(key, len(sizes) - 1), itertools.pairwise(sizes)
+        ):
             self.layers.append(eqx.nn.Linear(n_in, n_out, key=k))
         self.activation = jax.nn.tanh
         self.depth = len(self.layers)
@@ -66,7 +69,9 @@ def auto_step(model, opt_state, x, y):
 @eqx.filter_jit
 def eqx_step(model, opt_state, x, y):
     loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
-    updates, opt_state = optimiser.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+    updates, opt_state = optimiser.update(
+        grads, opt_state, eqx.filter(model, eqx.is_array)
+    )
     return eqx.apply_updates(model, updates), opt_state, loss
 
 
@@ -101,7 +106,9 @@ def main(fast: bool = False) -> dict[str, float]:
     _, _, ref_losses = train(eqx_step, ref, ref_state, x, y, steps)
     gap = float(jnp.max(jnp.abs(auto_losses - ref_losses)))
     for i in range(0, steps, max(1, steps // 10)):
-        print(f"step {i:4d}  AutoModule+jax.jit {auto_losses[i]:.6f}  eqx.Module+filter_jit {ref_losses[i]:.6f}")
+        print(
+            f"step {i:4d}  AutoModule+jax.jit {auto_losses[i]:.6f}  eqx.Module+filter_jit {ref_losses[i]:.6f}"
+        )
     print(f"largest loss difference: {gap:.2e}")
     auto_time, ref_time = time_per_step(
         [(auto_step, auto, auto_state, x, y), (eqx_step, ref, ref_state, x, y)],
@@ -112,7 +119,11 @@ def main(fast: bool = False) -> dict[str, float]:
         "time per step, AutoModule+jax.jit / eqx.Module+eqx.filter_jit "
         f"(medians, interleaved in one run): {auto_time / ref_time:.2f}"
     )
-    return {"max_loss_gap": gap, "time_ratio": auto_time / ref_time, "final_loss": float(auto_losses[-1])}
+    return {
+        "max_loss_gap": gap,
+        "time_ratio": auto_time / ref_time,
+        "final_loss": float(auto_losses[-1]),
+    }
 
 
 if __name__ == "__main__":

@@ -59,7 +59,10 @@ def main(fast: bool = False) -> dict[str, int]:
         fixed = fixed_step(FixedModel(jnp.ones(3), 0.1 / (i + 1)), x)
     print(f"retraces with lr stored as an array: {len(fixed_step.retraces)}")
     del model, fixed
-    return {"float_retraces": len(step.retraces), "array_retraces": len(fixed_step.retraces)}
+    return {
+        "float_retraces": len(step.retraces),
+        "array_retraces": len(fixed_step.retraces),
+    }
 
 
 if __name__ == "__main__":

@@ -5,18 +5,19 @@ machine the 8 devices are simulated:
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/sharded_training.py
 """
 
+import itertools
 import os
 import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import autostatic as asx  # noqa: E402
+import autostatic as asx
 
 
 class MLP(asx.AutoModule):
@@ -27,9 +28,16 @@ class MLP(asx.AutoModule):
     def __init__(self, sizes: list[int], key: jax.Array):
         keys = jax.random.split(key, len(sizes))
         self.hidden = []
-        for k, (n_in, n_out) in zip(keys, zip(sizes[:-2], sizes[1:-1])):
-            self.hidden.append({"w": jax.random.normal(k, (n_in, n_out)) / n_in**0.5, "b": jnp.zeros(n_out)})
-        self.out = {"w": jax.random.normal(keys[-1], (sizes[-2], sizes[-1])) / sizes[-2] ** 0.5}
+        for k, (n_in, n_out) in zip(keys, itertools.pairwise(sizes[:-1])):
+            self.hidden.append(
+                {
+                    "w": jax.random.normal(k, (n_in, n_out)) / n_in**0.5,
+                    "b": jnp.zeros(n_out),
+                }
+            )
+        self.out = {
+            "w": jax.random.normal(keys[-1], (sizes[-2], sizes[-1])) / sizes[-2] ** 0.5
+        }
         self.activation = jax.nn.relu
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -66,7 +74,9 @@ def step(model, opt_state, x, y):
 def main(fast: bool = False) -> dict[str, float]:
     devices = jax.devices()
     if len(devices) < 8:
-        raise SystemExit("needs 8 devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8")
+        raise SystemExit(
+            "needs 8 devices: set XLA_FLAGS=--xla_force_host_platform_device_count=8"
+        )
     mesh = Mesh(np.array(devices[:8]).reshape(2, 4), ("data", "model"))
     model = shard_model(MLP([16, 64, 64, 1], jax.random.key(0)), mesh)
     # The optimiser state is placed like the model (its moments are model-shaped) and
@@ -87,11 +97,22 @@ def main(fast: bool = False) -> dict[str, float]:
         key, k = jax.random.split(key)
         x = jax.random.normal(k, (64, 16))
         y = jnp.sin(x.sum(axis=1, keepdims=True))
-        model, opt_state, loss = step(model, opt_state, jax.device_put(x, data), jax.device_put(y, data))
+        model, opt_state, loss = step(
+            model, opt_state, jax.device_put(x, data), jax.device_put(y, data)
+        )
         losses.append(float(loss))
-    print("weight sharding:", model.hidden[0]["w"].sharding.spec, "on", model.hidden[0]["w"].sharding.mesh.shape)
+    print(
+        "weight sharding:",
+        model.hidden[0]["w"].sharding.spec,
+        "on",
+        model.hidden[0]["w"].sharding.mesh.shape,
+    )
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; traces: {step._cache_size()}")
-    return {"first_loss": losses[0], "last_loss": losses[-1], "spec": str(model.hidden[0]["w"].sharding.spec)}
+    return {
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "spec": str(model.hidden[0]["w"].sharding.spec),
+    }
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ class Router(asx.AutoModule):
     experts: list
 
     def __init__(self, n: int, key: jax.Array):
-        self.experts = [Expert(f"expert{i}", k) for i, k in enumerate(jax.random.split(key, n))]
+        self.experts = [
+            Expert(f"expert{i}", k) for i, k in enumerate(jax.random.split(key, n))
+        ]
 
     def __call__(self, choice: jax.Array, x: jax.Array) -> jax.Array:
         # A hard routing decision per example: one expert per row of the batch.
@@ -47,7 +49,9 @@ class Router(asx.AutoModule):
     def all_scaled(self, x: jax.Array) -> jax.Array:
         branches = tuple(expert.scaled for expert in self.experts)
         indices = jnp.arange(len(self.experts))
-        return eqx.filter_vmap(lambda i, x: jax.lax.switch(i, branches, x), in_axes=(0, None))(indices, x)
+        return eqx.filter_vmap(
+            lambda i, x: jax.lax.switch(i, branches, x), in_axes=(0, None)
+        )(indices, x)
 
 
 def main(fast: bool = False) -> dict[str, float]:
@@ -56,12 +60,20 @@ def main(fast: bool = False) -> dict[str, float]:
     x = jax.random.normal(jax.random.key(1), (5, 4))
     choice = jnp.array([0, 1, 2, 1, 0])
     routed = jax.jit(lambda r, c, x: r(c, x))(router, choice, x)
-    expected = jnp.stack([router.experts[int(c)].forward(xi) for c, xi in zip(choice, x)])
-    print("routed outputs match each expert's own:", bool(jnp.allclose(routed, expected, atol=1e-6)))
+    expected = jnp.stack(
+        [router.experts[int(c)].forward(xi) for c, xi in zip(choice, x)]
+    )
+    print(
+        "routed outputs match each expert's own:",
+        bool(jnp.allclose(routed, expected, atol=1e-6)),
+    )
     every = router.all_scaled(x[0])
     print("all experts on one input, shape", every.shape)
     grads = jax.grad(lambda r: jnp.sum(r(choice, x)))(router)
-    print("gradient reaches every expert:", [float(jnp.abs(e.weight).sum()) > 0 for e in grads.experts])
+    print(
+        "gradient reaches every expert:",
+        [float(jnp.abs(e.weight).sum()) > 0 for e in grads.experts],
+    )
     # Note: vmap over the switch index turns the switch into a select, so every
     # branch is evaluated for every row; worth knowing for expensive experts.
     return {"max_error": float(jnp.max(jnp.abs(routed - expected)))}

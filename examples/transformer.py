@@ -27,7 +27,9 @@ class Block(asx.AutoModule):
         self.norm1 = eqx.nn.LayerNorm(dim)
         self.attention = eqx.nn.MultiheadAttention(heads, dim, key=k1)
         self.norm2 = eqx.nn.LayerNorm(dim)
-        self.mlp = eqx.nn.MLP(dim, dim, 4 * dim, depth=1, activation=jax.nn.gelu, key=k2)
+        self.mlp = eqx.nn.MLP(
+            dim, dim, 4 * dim, depth=1, activation=jax.nn.gelu, key=k2
+        )
         self.dropout = eqx.nn.Dropout(dropout_rate)
 
     def __call__(self, x: jax.Array, mask: jax.Array, key: jax.Array) -> jax.Array:
@@ -88,25 +90,41 @@ def step(model, opt_state, seqs, key):
 def main(fast: bool = False) -> dict[str, float]:
     vocab, context = 16, 12
     depth = 1 if fast else 2
-    model = Transformer(vocab, dim=32, depth=depth, context=context, key=jax.random.key(0))
+    model = Transformer(
+        vocab, dim=32, depth=depth, context=context, key=jax.random.key(0)
+    )
     # The dropout rate and flag are static: plain jax.jit accepts the model.
-    print("\n".join(line for line in str(asx.explain(model)).splitlines()[:1] + [
-        line for line in str(asx.explain(model)).splitlines() if "dropout" in line
-    ]))
+    print(
+        "\n".join(
+            line
+            for line in str(asx.explain(model)).splitlines()[:1]
+            + [
+                line
+                for line in str(asx.explain(model)).splitlines()
+                if "dropout" in line
+            ]
+        )
+    )
     opt_state = optimiser.init(model)
     losses = []
     for i, key in enumerate(jax.random.split(jax.random.key(1), 20 if fast else 300)):
         data_key, dropout_key = jax.random.split(key)
-        model, opt_state, loss = step(model, opt_state, batch(data_key, 32, context, vocab), dropout_key)
+        model, opt_state, loss = step(
+            model, opt_state, batch(data_key, 32, context, vocab), dropout_key
+        )
         losses.append(float(loss))
         if i % 10 == 0:
             print(f"step {i:3d}  loss {losses[-1]:.4f}")
     print(f"traces of the step function: {step._cache_size()}")
     inference = asx.inference_mode(model)
     seqs = batch(jax.random.key(2), 4, context, vocab)
-    predicted = jnp.argmax(jax.vmap(inference)(seqs[:, :-1], jax.random.split(jax.random.key(3), 4)), -1)
+    predicted = jnp.argmax(
+        jax.vmap(inference)(seqs[:, :-1], jax.random.split(jax.random.key(3), 4)), -1
+    )
     accuracy = float(jnp.mean(predicted == seqs[:, 1:]))
-    print(f"first loss {losses[0]:.3f}, last loss {losses[-1]:.3f}, next-token accuracy {accuracy:.2f}")
+    print(
+        f"first loss {losses[0]:.3f}, last loss {losses[-1]:.3f}, next-token accuracy {accuracy:.2f}"
+    )
     return {"first_loss": losses[0], "last_loss": losses[-1], "accuracy": accuracy}
 
 

@@ -21,19 +21,45 @@ def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
 
     results = json.loads((tmp_path / "results.json").read_text())
     for key in (
-        "machine", "settings", "tree_ops", "async_dispatch", "retracing", "first_call",
-        "training", "serialisation", "targets", "errors", "wall_s",
+        "machine",
+        "settings",
+        "tree_ops",
+        "async_dispatch",
+        "retracing",
+        "first_call",
+        "training",
+        "serialisation",
+        "targets",
+        "errors",
+        "wall_s",
     ):
         assert key in results, key
     assert results["errors"] == []
     machine = results["machine"]
-    for key in ("platform", "cpu_count", "python", "backend", "device_kind", "versions", "date", "mode"):
+    for key in (
+        "platform",
+        "cpu_count",
+        "python",
+        "backend",
+        "device_kind",
+        "versions",
+        "date",
+        "mode",
+    ):
         assert machine[key] is not None, key
     assert machine["mode"] == "smoke"
-    assert set(machine["versions"]) >= {"jax", "jaxlib", "equinox", "optax", "autostatic"}
+    assert set(machine["versions"]) >= {
+        "jax",
+        "jaxlib",
+        "equinox",
+        "optax",
+        "autostatic",
+    }
 
     mlps = [k for k in results["tree_ops"] if k.startswith("mlp-")]
-    assert mlps and "transformer" in results["tree_ops"] and "mixed" in results["tree_ops"]
+    assert (
+        mlps and "transformer" in results["tree_ops"] and "mixed" in results["tree_ops"]
+    )
     group = results["tree_ops"][mlps[-1]]
     for impl in ("autostatic", "eqx-static", "eqx-filter", "dataclass", "dict"):
         for op in ("flatten", "unflatten", "flatten_with_path", "treedef_eq"):
@@ -46,7 +72,9 @@ def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
     assert set(counts) == set(results["retracing"]["scenarios"])
     assert results["training"] and results["async_dispatch"]["variants"]
     statuses = {t["status"] for t in results["targets"]}
-    assert statuses <= {"MET", "MISSED", "N/A"} | {f"info: {s}" for s in ("MET", "MISSED", "N/A")}
+    assert statuses <= {"MET", "MISSED", "N/A"} | {
+        f"info: {s}" for s in ("MET", "MISSED", "N/A")
+    }
     assert len(results["targets"]) >= 9
     assert (tmp_path / "results.md").read_text().count("### Targets") == 1
 

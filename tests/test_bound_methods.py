@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import autostatic as asx
-from models import keystrs, TraceCounter
+
+from .helpers import keystrs, TraceCounter
 
 
 @pytest.fixture
@@ -83,9 +84,13 @@ def test_modules_as_callables_in_switch_and_cond():
     m1, m2 = M(jnp.ones(2)), M(2 * jnp.ones(2))
     x = jnp.arange(2.0)
     np.testing.assert_allclose(jax.lax.switch(1, [m1, m2], x), m2(x))
-    np.testing.assert_allclose(jax.jit(lambda i, x: jax.lax.switch(i, [m1, m2], x))(0, x), m1(x))
+    np.testing.assert_allclose(
+        jax.jit(lambda i, x: jax.lax.switch(i, [m1, m2], x))(0, x), m1(x)
+    )
     np.testing.assert_allclose(jax.lax.cond(True, m1.f, m2.f, x), m1.f(x))
-    np.testing.assert_allclose(jax.jit(lambda p, a, b, x: jax.lax.cond(p, a.f, b, x))(False, m1, m2, x), m2(x))
+    np.testing.assert_allclose(
+        jax.jit(lambda p, a, b, x: jax.lax.cond(p, a.f, b, x))(False, m1, m2, x), m2(x)
+    )
 
 
 def test_methods_as_scan_and_while_bodies_and_checkpoint_targets():
@@ -118,6 +123,7 @@ def test_methods_as_scan_and_while_bodies_and_checkpoint_targets():
 
 def test_bound_method_is_a_pytree_of_the_module_arrays():
     m = M(jnp.array([1.0, 2.0]))
+
     class EqxM(eqx.Module):
         w: jax.Array
 
@@ -234,7 +240,9 @@ def test_vmap_over_switch_index_evaluates_every_branch():
             return self.w + x
 
     p = Probe(jnp.ones(2))
-    out = jax.vmap(lambda i: jax.lax.switch(i, [p.f, p.g], jnp.ones(2)))(jnp.array([0, 1]))
+    out = jax.vmap(lambda i: jax.lax.switch(i, [p.f, p.g], jnp.ones(2)))(
+        jnp.array([0, 1])
+    )
     assert out.shape == (2, 2) and set(calls) == {"f", "g"}
 
 

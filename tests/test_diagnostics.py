@@ -9,8 +9,16 @@ from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
 from autostatic import _static_checks
-from models import AutoMixed, AutoMLP, TraceCounter
-from test_properties import Box, build, descs
+
+from .helpers import (
+    AutoMixed,
+    AutoMLP,
+    Box,
+    build,
+    descs,
+    needs_devices,
+    TraceCounter,
+)
 
 KEY = jax.random.key(0)
 
@@ -24,7 +32,8 @@ def test_explain_lists_every_value_by_key_path():
     assert rows[".stuff[3]['tag']"].kind == "static"
     assert rows[".seq.layers[1].fn"].kind == "static"
     assert [r.path for r in table.rows if r.kind == "dynamic"] == [
-        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(AutoMixed(KEY))[0]
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(AutoMixed(KEY))[0]
     ]
     text = str(table)
     assert text.splitlines()[0].split() == ["path", "kind", "type", "value"]
@@ -32,7 +41,9 @@ def test_explain_lists_every_value_by_key_path():
 
 
 def test_explain_marks_non_array_leaves_of_plain_pytrees():
-    rows = {r.path: r.kind for r in asx.explain({"m": AutoMLP(1, 2, KEY), "lr": 0.1}).rows}
+    rows = {
+        r.path: r.kind for r in asx.explain({"m": AutoMLP(1, 2, KEY), "lr": 0.1}).rows
+    }
     assert rows["['lr']"] == "leaf" and rows["['m'].scale"] == "static"
     assert len(str(asx.explain({"long": "x" * 500})).splitlines()[1]) < 120
 
@@ -42,16 +53,26 @@ def test_retrace_reasons_name_paths_and_values():
     assert asx.retrace_reasons(a, a) == []
     assert asx.retrace_reasons(a, jax.tree_util.tree_map(lambda x: x + 1, a)) == []
     (reason,) = asx.retrace_reasons(a, asx.tree_at(lambda m: m.scale, a, 2.0))
-    assert (reason.kind, reason.path, reason.old, reason.new) == ("static", ".scale", 1.0, 2.0)
+    assert (reason.kind, reason.path, reason.old, reason.new) == (
+        "static",
+        ".scale",
+        1.0,
+        2.0,
+    )
     assert str(reason) == ".scale: static value changed from 1.0 to 2.0"
     (length,) = asx.retrace_reasons(a, AutoMLP(3, 3, KEY))
     assert str(length) == ".layers: length changed from 2 to 3"
     cast = jax.tree_util.tree_map(lambda x: x.astype(jnp.float16), a)
-    assert {(r.kind, r.path) for r in asx.retrace_reasons(a, cast)} >= {("dtype", ".layers[0].weight")}
+    assert {(r.kind, r.path) for r in asx.retrace_reasons(a, cast)} >= {
+        ("dtype", ".layers[0].weight")
+    }
     wider = asx.tree_at(lambda m: m.layers[1].bias, a, jnp.zeros(4))
-    assert [str(r) for r in asx.retrace_reasons(a, wider)] == [".layers[1].bias: shape changed from (3,) to (4,)"]
+    assert [str(r) for r in asx.retrace_reasons(a, wider)] == [
+        ".layers[1].bias: shape changed from (3,) to (4,)"
+    ]
     weak = asx.retrace_reasons((a, jnp.float32(1)), (a, jnp.asarray(1.0)))
     assert [r.kind for r in weak] == ["weak_type"]
+
     def with_fresh_lambda():
         return asx.tree_at(lambda m: m.layers[0].activation, a, lambda x: x)
 
@@ -60,9 +81,8 @@ def test_retrace_reasons_name_paths_and_values():
     assert "functions compare by identity" in str(fresh)
 
 
+@needs_devices(2)
 def test_retrace_reasons_for_sharding():
-    if len(jax.devices()) < 2:
-        pytest.skip("needs two devices")
     x = jnp.ones(4)
     on0, on1 = jax.device_put(x, jax.devices()[0]), jax.device_put(x, jax.devices()[1])
     assert [r.kind for r in asx.retrace_reasons(on0, on1)] == ["sharding"]
@@ -80,7 +100,10 @@ def _mutations(desc, draw):
             return ("numpy" if kind == "jax" else "jax", desc[1], desc[2])
         return ("lit", desc[2])
     if kind == "lit":
-        return ("lit", draw(st.sampled_from([desc[1], 7, "other", 0.5, None, jax.nn.relu])))
+        return (
+            "lit",
+            draw(st.sampled_from([desc[1], 7, "other", 0.5, None, jax.nn.relu])),
+        )
     if kind in ("list", "tuple"):
         items = list(desc[1])
         if not items or draw(st.booleans()):
@@ -115,7 +138,10 @@ def test_no_reasons_exactly_when_jit_hits_its_cache(desc_a, desc_b, data):
     jitted(first)
     jitted(second)
     reasons = asx.retrace_reasons(first, second)
-    assert (counter.count == 2) == bool(reasons), (counter.count, [str(r) for r in reasons])
+    assert (counter.count == 2) == bool(reasons), (
+        counter.count,
+        [str(r) for r in reasons],
+    )
 
 
 def test_logged_jit_logs_each_retrace_by_argument_path(caplog):
@@ -136,7 +162,9 @@ def test_logged_jit_warns_about_a_changing_float_once():
     _static_checks._warned.clear()
     model = AutoMLP(1, 3, KEY)
     step = asx.logged_jit(lambda model: model(jnp.ones(3)))
-    with pytest.warns(UserWarning, match=r"model\.scale is a Python float .* store it as an array") as record:
+    with pytest.warns(
+        UserWarning, match=r"model\.scale is a Python float .* store it as an array"
+    ) as record:
         for scale in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
             step(asx.tree_at(lambda m: m.scale, model, scale))
     assert len([w for w in record if "model.scale" in str(w.message)]) == 1
@@ -147,7 +175,9 @@ def test_diagnostics_handle_prng_keys_static_arguments_and_python_scalars(caplog
     step = asx.logged_jit(lambda key, x: jax.random.normal(key, x.shape) + x)
     step(jax.random.key(0), jnp.ones(3))
     step(jax.random.key(1), jnp.ones(4))
-    assert [str(r) for _, reasons in step.retraces for r in reasons] == ["x: shape changed from (3,) to (4,)"]
+    assert [str(r) for _, reasons in step.retraces for r in reasons] == [
+        "x: shape changed from (3,) to (4,)"
+    ]
     assert asx.retrace_reasons(jax.random.key(0), jax.random.key(1)) == []
     assert asx.retrace_reasons(1.0, jnp.asarray(2.0)) == []  # both traced as weak f32[]
 
@@ -155,7 +185,9 @@ def test_diagnostics_handle_prng_keys_static_arguments_and_python_scalars(caplog
     scaled(jnp.ones(2), 2)
     scaled(jnp.ones(2), 2)
     scaled(jnp.ones(2), 3)
-    assert [[str(r) for r in reasons] for _, reasons in scaled.retraces] == [["n: static value changed from 2 to 3"]]
+    assert [[str(r) for r in reasons] for _, reasons in scaled.retraces] == [
+        ["n: static value changed from 2 to 3"]
+    ]
     named = asx.logged_jit(lambda x, scale: x * scale, static_argnames="scale")
     named(jnp.ones(2), scale=2.0)
     named(jnp.ones(2), scale=3.0)

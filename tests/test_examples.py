@@ -4,12 +4,15 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .helpers import needs_devices
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
 def run_example(name: str) -> dict:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"example_{name}", EXAMPLES / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -34,6 +37,7 @@ def test_switch_over_modules():
     assert run_example("switch_over_modules")["max_error"] < 1e-5
 
 
+@needs_devices(8)
 def test_sharded_training():
     out = run_example("sharded_training")
     assert out["last_loss"] < out["first_loss"] and "model" in out["spec"]

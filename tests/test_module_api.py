@@ -13,7 +13,8 @@ import optax
 import pytest
 
 import autostatic as asx
-from models import AutoMixed, AutoMLP, EqxMLP, keystrs
+
+from .helpers import AutoMixed, AutoMLP, EqxMLP, keystrs
 
 KEY = jax.random.key(0)
 
@@ -221,7 +222,9 @@ def test_copy_deepcopy_pickle_keep_partition(roundtrip):
 
 def test_immutable_after_init_with_clear_errors():
     model = AutoMLP(1, 2, KEY)
-    with pytest.raises(dataclasses.FrozenInstanceError, match=r"AutoMLP\.scale.*tree_at"):
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match=r"AutoMLP\.scale.*tree_at"
+    ):
         model.scale = 2.0
     with pytest.raises(dataclasses.FrozenInstanceError, match=r"AutoMLP\.scale"):
         del model.scale
@@ -235,7 +238,9 @@ def test_undeclared_attribute_error_names_class_and_attribute():
             self.w = jnp.ones(1)
             self.hidden = 3
 
-    with pytest.raises(AttributeError, match=r"Forgot\.hidden is not a declared field.*hidden: Any"):
+    with pytest.raises(
+        AttributeError, match=r"Forgot\.hidden is not a declared field.*hidden: Any"
+    ):
         Forgot()
 
 
@@ -333,11 +338,16 @@ def test_equinox_internals_are_checked_at_import(monkeypatch):
     _compat._check_equinox()  # the installed version passes
     installed = eqx.__version__
     monkeypatch.setattr(eqx, "__version__", "0.14.1")
-    with pytest.raises(ImportError, match=r"equinox 0.14.1 is outside the verified range.*pip install"):
+    with pytest.raises(
+        ImportError, match=r"equinox 0.14.1 is outside the verified range.*pip install"
+    ):
         _compat._check_equinox()
     monkeypatch.setattr(eqx, "__version__", installed)
     monkeypatch.delattr(_compat._eqx_module, "_currently_initialising")
-    with pytest.raises(ImportError, match=r"cannot work with the installed equinox: equinox\._module\._module\._currently_initialising is missing"):
+    with pytest.raises(
+        ImportError,
+        match=r"cannot work with the installed equinox: equinox\._module\._module\._currently_initialising is missing",
+    ):
         _compat._check_equinox()
 
 

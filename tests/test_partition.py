@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import autostatic as asx
-from models import (
+
+from .helpers import (
     array_keystrs,
     AutoMixed,
     AutoMLP,
@@ -25,7 +26,9 @@ def test_leaves_are_arrays_only():
         assert leaves and all(eqx.is_array(x) for x in leaves)
 
 
-@pytest.mark.parametrize("auto_cls, eqx_cls", [(AutoMLP, EqxMLP), (AutoMixed, EqxMixed)])
+@pytest.mark.parametrize(
+    "auto_cls, eqx_cls", [(AutoMLP, EqxMLP), (AutoMixed, EqxMixed)]
+)
 def test_key_paths_and_leaves_match_eqx(auto_cls, eqx_cls):
     args = (3, 4, KEY) if auto_cls is AutoMLP else (KEY,)
     auto, ref = auto_cls(*args), eqx_cls(*args)
@@ -54,7 +57,9 @@ def test_mixed_container_split_per_leaf():
     ]
     # Attribute access gives the real values back, not wrappers.
     assert model.stuff[1] is jax.nn.relu
-    assert model.stuff[2] == 3 and model.stuff[3]["tag"] == "x" and model.stuff[4] is None
+    assert (
+        model.stuff[2] == 3 and model.stuff[3]["tag"] == "x" and model.stuff[4] is None
+    )
     assert model.seq.layers[1].fn is jax.nn.gelu
     assert model.blocks["a"][1] == "name"
 
@@ -158,7 +163,9 @@ def test_shape_dtype_struct_templates_match_real_instances():
 
     real = Holder(jnp.zeros(2), 3)
     hand_built = Holder(jax.ShapeDtypeStruct((2,), jnp.float32), 3)
-    assert jax.tree_util.tree_structure(real) == jax.tree_util.tree_structure(hand_built)
+    assert jax.tree_util.tree_structure(real) == jax.tree_util.tree_structure(
+        hand_built
+    )
 
 
 def test_numpy_arrays_and_scalars_are_dynamic_python_scalars_static():
@@ -211,7 +218,11 @@ def test_ordered_and_default_dicts_are_frozen_with_eqx_key_order():
 
     m = Dicts()
     assert keystrs(m) == array_keystrs(EqxDicts()) == [".ordered['w']", ".ordered['a']"]
-    assert isinstance(m.ordered, collections.OrderedDict) and list(m.ordered) == ["w", "k", "a"]
+    assert isinstance(m.ordered, collections.OrderedDict) and list(m.ordered) == [
+        "w",
+        "k",
+        "a",
+    ]
     assert m.counts["missing"] == 0 and "missing" not in m.counts
     with pytest.raises(TypeError, match=r"Dicts\.ordered cannot be modified"):
         m.ordered["w"] = jnp.zeros(2)
@@ -238,7 +249,9 @@ def test_copies_and_unions_of_frozen_containers_are_plain_builtins():
     merged = m.counts | {"y": jnp.full(2, 7.0)}
     assert type(merged) is collections.defaultdict and sorted(merged) == ["x", "y"]
     np.testing.assert_allclose(jax.jit(lambda d: d["y"])(merged), [7.0, 7.0])
-    assert list(m.ordered | {"c": 1}) == ["a", "b", "c"] and list({"c": 1} | m.ordered) == ["c", "a", "b"]
+    assert list(m.ordered | {"c": 1}) == ["a", "b", "c"] and list(
+        {"c": 1} | m.ordered
+    ) == ["c", "a", "b"]
     copied = m.ordered.copy()
     copied["z"] = 0  # a plain, mutable OrderedDict
     assert type(copied) is collections.OrderedDict and "z" not in m.ordered

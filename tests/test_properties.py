@@ -1,72 +1,17 @@
 """Property tests over random nests of arrays, non-arrays, containers and modules."""
 
-from typing import Any
-
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import given, HealthCheck, settings
 
-import autostatic as asx
-from models import array_keystrs, keystrs, TraceCounter
-
-
-class Box(asx.AutoModule):
-    value: Any
-    other: Any
-
-
-class EqxBox(eqx.Module):
-    value: Any
-    other: Any
-
-
-_FUNCTIONS = [jax.nn.relu, jnp.tanh, len, None]
-
-leaf_descs = st.one_of(
-    st.tuples(st.just("jax"), st.integers(0, 2), st.integers(-3, 3)),
-    st.tuples(st.just("numpy"), st.integers(0, 2), st.integers(-3, 3)),
-    st.tuples(st.just("lit"), st.one_of(
-        st.integers(-5, 5),
-        st.floats(-2, 2, allow_nan=False),
-        st.text("abc", max_size=3),
-        st.booleans(),
-        st.sampled_from(_FUNCTIONS),
-    )),
-)
-descs = st.recursive(
-    leaf_descs,
-    lambda children: st.one_of(
-        st.tuples(st.just("list"), st.lists(children, max_size=3)),
-        st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
-        st.tuples(st.just("dict"), st.dictionaries(st.text("xyz", min_size=1, max_size=2), children, max_size=3)),
-        st.tuples(st.just("module"), children, children),
-    ),
-    max_leaves=10,
-)
-
-
-def build(desc: tuple, auto: bool) -> Any:
-    kind = desc[0]
-    if kind == "jax":
-        return jnp.full((2,) * desc[1], desc[2], jnp.float32)
-    if kind == "numpy":
-        return np.full((3,) * desc[1], desc[2], np.int32)
-    if kind == "lit":
-        return desc[1]
-    if kind == "list":
-        return [build(d, auto) for d in desc[1]]
-    if kind == "tuple":
-        return tuple(build(d, auto) for d in desc[1])
-    if kind == "dict":
-        return {k: build(d, auto) for k, d in desc[1].items()}
-    box = Box if auto else EqxBox
-    return box(build(desc[1], auto), build(desc[2], auto))
+from .helpers import array_keystrs, Box, build, descs, EqxBox, keystrs, TraceCounter
 
 
 def _pair(desc_a, desc_b):
-    return Box(build(desc_a, True), build(desc_b, True)), EqxBox(build(desc_a, False), build(desc_b, False))
+    return Box(build(desc_a, True), build(desc_b, True)), EqxBox(
+        build(desc_a, False), build(desc_b, False)
+    )
 
 
 property_settings = settings(

@@ -11,7 +11,8 @@ import pytest
 
 import autostatic as asx
 from autostatic import _static_checks
-from models import keystrs
+
+from .helpers import keystrs
 
 
 @pytest.fixture(autouse=True)
@@ -31,10 +32,15 @@ def test_static_true_on_an_array_is_an_error_naming_the_field():
     class Marked(asx.AutoModule):
         w: jax.Array = eqx.field(static=True)
 
-    with pytest.raises(TypeError, match=r"Marked\.w is marked eqx.field\(static=True\) but holds 1 array"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Equinox warns first
-            Marked(jnp.ones(2))
+    with (
+        pytest.raises(
+            TypeError,
+            match=r"Marked\.w is marked eqx.field\(static=True\) but holds 1 array",
+        ),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")  # Equinox warns first
+        Marked(jnp.ones(2))
 
 
 def test_static_true_on_non_arrays_is_honoured():
@@ -53,10 +59,22 @@ def test_arrays_in_containers_are_never_static():
 @pytest.mark.parametrize(
     "make, where",
     [
-        (lambda w: ft.partial(lambda x, y: x * y, w), r"Holder\.thing holds an array in argument 0 of a functools.partial"),
-        (lambda w: (lambda x: x * w), r"Holder\.thing holds an array in closure variable 'w'"),
-        (lambda w: jax.jit(lambda x: x * w), r"Holder\.thing holds an array in closure variable 'w'"),
-        (lambda w: [1, ft.partial(jnp.add, w)], r"Holder\.thing\[1\] holds an array in argument 0"),
+        (
+            lambda w: ft.partial(lambda x, y: x * y, w),
+            r"Holder\.thing holds an array in argument 0 of a functools.partial",
+        ),
+        (
+            lambda w: lambda x: x * w,
+            r"Holder\.thing holds an array in closure variable 'w'",
+        ),
+        (
+            lambda w: jax.jit(lambda x: x * w),
+            r"Holder\.thing holds an array in closure variable 'w'",
+        ),
+        (
+            lambda w: [1, ft.partial(jnp.add, w)],
+            r"Holder\.thing\[1\] holds an array in argument 0",
+        ),
         (lambda w: [w, ft.partial(jnp.add, w)], r"Holder\.thing\[1\] holds an array"),
     ],
     ids=["partial", "closure", "jitted", "in-static-list", "in-mixed-list"],
@@ -78,7 +96,9 @@ def test_hidden_array_in_opaque_object_warns():
 def test_no_warning_for_ordinary_static_values():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Holder(jnp.ones(1), [jax.nn.relu, jnp.tanh, ft.partial(jnp.sum, axis=0), "x", 3])
+        Holder(
+            jnp.ones(1), [jax.nn.relu, jnp.tanh, ft.partial(jnp.sum, axis=0), "x", 3]
+        )
         Holder(jnp.ones(1), eqx.nn.Lambda(jax.nn.gelu))
 
 
@@ -102,5 +122,8 @@ def test_unhashable_and_uncomparable_static_value_warns():
         def __eq__(self, other):
             return np.array([True, False])  # elementwise, like a DataFrame
 
-    with pytest.warns(UserWarning, match=r"Holder\.thing\[0\] is a static value of type .*Table.* neither hashed nor compared"):
+    with pytest.warns(
+        UserWarning,
+        match=r"Holder\.thing\[0\] is a static value of type .*Table.* neither hashed nor compared",
+    ):
         Holder(jnp.ones(1), [Table()])

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import autostatic as asx
-from models import AutoMLP, keystrs, TraceCounter
+
+from .helpers import AutoMLP, keystrs, TraceCounter
 
 KEY = jax.random.key(0)
 
@@ -53,7 +54,9 @@ def test_tree_at_replaces_static_values():
     new = asx.tree_at(lambda m: m.dropout.p, net, 0.2)
     assert new.dropout.p == 0.2 and net.dropout.p == 0.4
     assert keystrs(new) == keystrs(net)
-    both = asx.tree_at(lambda m: (m.dropout.p, m.linear.weight), net, (0.1, jnp.zeros((1, 3))))
+    both = asx.tree_at(
+        lambda m: (m.dropout.p, m.linear.weight), net, (0.1, jnp.zeros((1, 3)))
+    )
     assert both.dropout.p == 0.1 and jnp.all(both.linear.weight == 0)
 
 
@@ -114,7 +117,9 @@ def test_stateful_layers_under_plain_jit_and_filter_jit_match_eqx():
     np.testing.assert_allclose(out, ref_out, rtol=1e-6)
     out2, _ = eqx.filter_jit(_apply)(model, xs, state, key)
     np.testing.assert_allclose(out2, ref_out, rtol=1e-6)
-    for a, b in zip(jax.tree_util.tree_leaves(new_state), jax.tree_util.tree_leaves(ref_new_state)):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(new_state), jax.tree_util.tree_leaves(ref_new_state)
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
@@ -134,7 +139,9 @@ def test_spectral_norm_inside_automodule():
 
         def __init__(self, key):
             k1, k2 = jax.random.split(key)
-            self.layer = eqx.nn.SpectralNorm(eqx.nn.Linear(3, 3, key=k1), "weight", key=k2)
+            self.layer = eqx.nn.SpectralNorm(
+                eqx.nn.Linear(3, 3, key=k1), "weight", key=k2
+            )
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -150,7 +157,11 @@ def test_eqx_tree_at_replaces_a_sub_node_of_a_mixed_attribute_as_in_equinox():
         layers: list
 
         def __init__(self):
-            self.layers = [eqx.nn.Linear(2, 8, key=key), jax.nn.relu, eqx.nn.Linear(8, 1, key=key)]
+            self.layers = [
+                eqx.nn.Linear(2, 8, key=key),
+                jax.nn.relu,
+                eqx.nn.Linear(8, 1, key=key),
+            ]
 
     class EqxStack(eqx.Module):
         layers: list
@@ -162,5 +173,7 @@ def test_eqx_tree_at_replaces_a_sub_node_of_a_mixed_attribute_as_in_equinox():
     assert auto.layers[-1].weight.shape == ref.layers[-1].weight.shape == (3, 8)
     assert auto.layers[1] is jax.nn.relu
     assert keystrs(auto) == [p for p in keystrs(ref) if not p.startswith(".layers[1]")]
-    out = jax.jit(lambda m, x: m.layers[2](m.layers[1](m.layers[0](x))))(auto, jnp.ones(2))
+    out = jax.jit(lambda m, x: m.layers[2](m.layers[1](m.layers[0](x))))(
+        auto, jnp.ones(2)
+    )
     assert out.shape == (3,)

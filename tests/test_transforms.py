@@ -4,11 +4,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import autostatic as asx
-from models import AutoLayer, AutoMLP, EqxMLP, TraceCounter
+
+from .helpers import AutoLayer, AutoMLP, EqxMLP, needs_devices, TraceCounter
 
 KEY = jax.random.key(0)
 X = jnp.linspace(-1.0, 1.0, 4)
@@ -24,7 +24,9 @@ def test_jit_grad_vmap_agree_with_eqx():
     g_auto = jax.jit(jax.grad(_loss))(auto, X)
     g_ref = eqx.filter_jit(eqx.filter_grad(_loss))(ref, X)
     assert type(g_auto) is AutoMLP
-    for a, b in zip(jax.tree_util.tree_leaves(g_auto), jax.tree_util.tree_leaves(g_ref)):
+    for a, b in zip(
+        jax.tree_util.tree_leaves(g_auto), jax.tree_util.tree_leaves(g_ref)
+    ):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     xs = jnp.stack([X, 2 * X])
     np.testing.assert_allclose(
@@ -70,9 +72,8 @@ def test_eval_shape():
     assert out.layers[0].activation is jax.nn.relu
 
 
+@needs_devices(8)
 def test_device_put_with_module_shaped_shardings():
-    if len(jax.devices()) < 8:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     model = AutoMLP(2, 8, KEY)
 
@@ -144,9 +145,13 @@ def test_replace_static_hyperparameter_with_tree_at():
     model = AutoMLP(2, 4, KEY, scale=1.0)
     halved = asx.tree_at(lambda m: m.scale, model, 0.5)
     assert halved.scale == 0.5 and model.scale == 1.0
-    np.testing.assert_allclose(jax.jit(lambda m: m(X))(halved), 0.5 * model(X), rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(lambda m: m(X))(halved), 0.5 * model(X), rtol=1e-6
+    )
     # still static: a jax.jit over it does not see a leaf for it
-    assert len(jax.tree_util.tree_leaves(halved)) == len(jax.tree_util.tree_leaves(model))
+    assert len(jax.tree_util.tree_leaves(halved)) == len(
+        jax.tree_util.tree_leaves(model)
+    )
     relu6 = asx.tree_at(lambda m: m.layers[0].activation, model, jax.nn.relu6)
     assert relu6.layers[0].activation is jax.nn.relu6
 
@@ -166,7 +171,12 @@ def test_equal_static_values_of_other_types_do_not_share_a_trace():
     f = jax.jit(lambda m: m.w * m.scale)
     assert f(Scaled(jnp.arange(3), 1)).dtype == jnp.int32
     assert f(Scaled(jnp.arange(3), 1.0)).dtype == jnp.float32
-    assert _traces(lambda m, x: m.w * m.scale, [Scaled(jnp.ones(1), v) for v in (1, 1.0, True)]) == 3
+    assert (
+        _traces(
+            lambda m, x: m.w * m.scale, [Scaled(jnp.ones(1), v) for v in (1, 1.0, True)]
+        )
+        == 3
+    )
     assert asx.retrace_reasons(Scaled(jnp.ones(1), 1), Scaled(jnp.ones(1), 1.0))
 
 

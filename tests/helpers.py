@@ -1,4 +1,5 @@
-"""The same models written as AutoModule and as eqx.Module, for side-by-side tests."""
+"""Shared by the tests: the same models written as AutoModule and as eqx.Module for
+side-by-side checks, hypothesis strategies for random nests, and small utilities."""
 
 from collections.abc import Callable
 from typing import Any
@@ -6,8 +7,20 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import strategies as st
 
 import autostatic as asx
+
+
+def needs_devices(n: int) -> pytest.MarkDecorator:
+    """Skips a test on fewer than `n` devices (conftest.py asks XLA for 8 host
+    devices, which a user's own XLA_FLAGS may override)."""
+    return pytest.mark.skipif(
+        len(jax.devices()) < n,
+        reason=f"needs {n} devices: XLA_FLAGS=--xla_force_host_platform_device_count=8",
+    )
 
 
 class AutoLayer(asx.AutoModule):
@@ -86,7 +99,7 @@ class AutoMixed(asx.AutoModule):
     blocks: dict
 
     def __init__(self, key: jax.Array):
-        k1, k2, k3 = jax.random.split(key, 3)
+        k1, k2, _k3 = jax.random.split(key, 3)
         self.stuff = [
             eqx.nn.Linear(3, 3, key=k1),
             jax.nn.relu,
@@ -109,7 +122,10 @@ class EqxMixed(eqx.Module):
 
 
 def keystrs(tree: Any) -> list[str]:
-    return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    return [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
 
 
 def array_keystrs(tree: Any) -> list[str]:
@@ -130,3 +146,66 @@ class TraceCounter:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.count += 1
         return self.fn(*args, **kwargs)
+
+
+# Random nests of arrays, non-arrays, containers and modules, built twice: as
+# AutoModules and as the eqx.Module twins.
+class Box(asx.AutoModule):
+    value: Any
+    other: Any
+
+
+class EqxBox(eqx.Module):
+    value: Any
+    other: Any
+
+
+_FUNCTIONS = [jax.nn.relu, jnp.tanh, len, None]
+
+leaf_descs = st.one_of(
+    st.tuples(st.just("jax"), st.integers(0, 2), st.integers(-3, 3)),
+    st.tuples(st.just("numpy"), st.integers(0, 2), st.integers(-3, 3)),
+    st.tuples(
+        st.just("lit"),
+        st.one_of(
+            st.integers(-5, 5),
+            st.floats(-2, 2, allow_nan=False),
+            st.text("abc", max_size=3),
+            st.booleans(),
+            st.sampled_from(_FUNCTIONS),
+        ),
+    ),
+)
+descs = st.recursive(
+    leaf_descs,
+    lambda children: st.one_of(
+        st.tuples(st.just("list"), st.lists(children, max_size=3)),
+        st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
+        st.tuples(
+            st.just("dict"),
+            st.dictionaries(
+                st.text("xyz", min_size=1, max_size=2), children, max_size=3
+            ),
+        ),
+        st.tuples(st.just("module"), children, children),
+    ),
+    max_leaves=10,
+)
+
+
+def build(desc: tuple, auto: bool) -> Any:
+    kind = desc[0]
+    if kind == "jax":
+        return jnp.full((2,) * desc[1], desc[2], jnp.float32)
+    if kind == "numpy":
+        return np.full((3,) * desc[1], desc[2], np.int32)
+    if kind == "lit":
+        return desc[1]
+    if kind == "list":
+        return [build(d, auto) for d in desc[1]]
+    if kind == "tuple":
+        return tuple(build(d, auto) for d in desc[1])
+    if kind == "dict":
+        return {k: build(d, auto) for k, d in desc[1].items()}
+    box = Box if auto else EqxBox
+    return box(build(desc[1], auto), build(desc[2], auto))
