@@ -20,7 +20,6 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-_METHODS: str = "__autostatic_methods__"  # slot: descriptor -> weakref to BoundMethod
 _object_getattribute = object.__getattribute__
 _NOT_WRAPPED = (staticmethod, classmethod, property, type, types.BuiltinFunctionType)
 
@@ -83,30 +82,30 @@ class MethodDescriptor:
     """Replaces a method in an AutoModule class body; `instance.name` gives the
     instance's (cached) `BoundMethod`, `Class.name` the function itself."""
 
-    __slots__ = ("func", "name")
+    __slots__ = ("func", "name", "bound")
 
     def __init__(self, func: Callable[..., Any], name: str):
         self.func = func
         self.name = name
+        self.bound: weakref.WeakValueDictionary[int, BoundMethod] = (
+            weakref.WeakValueDictionary()
+        )
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self.func
-        # The instance remembers its bound methods *weakly*: `m.f is m.f` while the
+        # Each instance's bound method is remembered *weakly*: `m.f is m.f` while the
         # first one is alive (so a kept list of `lax.switch` branches hits JAX's trace
         # cache), without a module -> method -> module cycle that would keep the
         # module's arrays alive until the next cyclic garbage collection. Keyed by
-        # descriptor, since a parent's `f` reached through `super()` is another method.
-        try:
-            methods = _get_methods(instance)
-        except AttributeError:
-            methods = {}
-            _set_methods(instance, methods)
-        ref = methods.get(self)
-        method = ref() if ref is not None else None
+        # `id`, since modules hash by value: while the entry lives, its method holds
+        # the instance, so the id cannot be reused. Per descriptor, since a parent's
+        # `f` reached through `super()` is another method.
+        key = id(instance)
+        method = self.bound.get(key)
         if method is None:
             method = BoundMethod(self.func, instance)
-            methods[self] = weakref.ref(method)
+            self.bound[key] = method
         return method
 
     @property
@@ -130,12 +129,3 @@ def wraps_as_method(name: str, value: Any) -> bool:
     return isinstance(value, types.FunctionType) or (
         callable(value) and hasattr(type(value), "__get__")
     )
-
-
-_get_methods: Any = None  # the slot's descriptor methods, bound by `bind_slot`
-_set_methods: Any = None
-
-
-def bind_slot(slot: Any) -> None:
-    global _get_methods, _set_methods
-    _get_methods, _set_methods = slot.__get__, slot.__set__

@@ -8,11 +8,16 @@ version whose internals differ fails loudly at import instead of misbehaving lat
 """
 
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import equinox._module._module as _eqx_module
+
+# Equinox's `_ModuleMeta.__call__` raises TypeError(f"Field {name!r} was not initialized.")
+_UNSET_FIELD_MESSAGE_END = " was not initialized."
+_UNSET_FIELD = re.compile(r"Field '(\w+)' was not initialized\.")
 
 SUPPORTED_EQUINOX = (
     (0, 13, 3),
@@ -38,6 +43,10 @@ def _check_equinox() -> None:
     ):
         if not hasattr(_eqx_module, name):
             problems.append(f"equinox._module._module.{name} is missing")
+    meta_call = vars(getattr(_eqx_module, "_ModuleMeta", type)).get("__call__")
+    call_consts = getattr(getattr(meta_call, "__code__", None), "co_consts", ())
+    if _UNSET_FIELD_MESSAGE_END not in call_consts:
+        problems.append("_ModuleMeta.__call__ no longer reports unset fields as before")
     meta_new = getattr(getattr(_eqx_module, "_ModuleMeta", None), "__new__", None)
     code_names = getattr(getattr(meta_new, "__code__", None), "co_names", ())
     for name in ("generate_flatten_functions", "register_pytree_with_keys"):
@@ -57,9 +66,10 @@ def _check_equinox() -> None:
 
 _check_equinox()
 
-ModuleMeta: type = _eqx_module._ModuleMeta
+# `_check_equinox` has verified each of these private names above.
+ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
-WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_module.WRAPPER_FIELD_NAMES
+WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_module.WRAPPER_FIELD_NAMES  # pyright: ignore[reportPrivateImportUsage]  # verified at import
 
 FlattenFunctions = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
@@ -72,7 +82,7 @@ def install_flatten_generator(
     Every other class keeps Equinox's own generated functions; the dispatcher stays
     installed, so class creation in any thread sees a consistent function.
     """
-    original = _eqx_module.generate_flatten_functions
+    original = _eqx_module.generate_flatten_functions  # pyright: ignore[reportPrivateImportUsage]  # verified at import
 
     def generate_flatten_functions(
         cls: type, fields: tuple[dataclasses.Field, ...]
@@ -81,5 +91,11 @@ def install_flatten_generator(
             return generate(cls)
         return original(cls, fields)
 
-    generate_flatten_functions.__wrapped__ = original  # type: ignore[attr-defined]
-    _eqx_module.generate_flatten_functions = generate_flatten_functions
+    generate_flatten_functions.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention for what a wrapper wraps
+    _eqx_module.generate_flatten_functions = generate_flatten_functions  # pyright: ignore[reportPrivateImportUsage]  # verified at import
+
+
+def unset_field(err: TypeError) -> str | None:
+    """The field name if `err` is Equinox's error for a field `__init__` never set."""
+    match = _UNSET_FIELD.fullmatch(str(err))
+    return None if match is None else match[1]

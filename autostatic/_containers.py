@@ -157,76 +157,40 @@ def _plain_results(cls: type, base: type) -> None:
         out.update(self)
         return out
 
-    cls.copy = copy
-    cls.__copy__ = copy
-    cls.__or__ = union
-    cls.__ror__ = reflected_union
-    cls.fromkeys = classmethod(lambda _, keys, value=None: base.fromkeys(keys, value))
+    for name, method in (
+        ("copy", copy),
+        ("__copy__", copy),
+        ("__or__", union),
+        ("__ror__", reflected_union),
+        (
+            "fromkeys",
+            classmethod(lambda _, keys, value=None: base.fromkeys(keys, value)),
+        ),
+    ):
+        setattr(cls, name, method)
 
 
+_LIST_MUTATORS = (
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
+    "__setitem__", "__delitem__", "__iadd__", "__imul__",
+)  # fmt: skip
 _DICT_MUTATORS = (
-    "__setitem__",
-    "__delitem__",
-    "pop",
-    "popitem",
-    "clear",
-    "update",
-    "setdefault",
+    "__setitem__", "__delitem__", "pop", "popitem", "clear", "update", "setdefault",
     "__ior__",
-)
+)  # fmt: skip
+_SET_MUTATORS = (
+    "add", "discard", "remove", "pop", "clear", "update", "intersection_update",
+    "difference_update", "symmetric_difference_update", "__ior__", "__iand__",
+    "__isub__", "__ixor__",
+)  # fmt: skip
+_add_refusals(FrozenList, _LIST_MUTATORS)
+_add_refusals(FrozenDict, _DICT_MUTATORS)
 _add_refusals(FrozenOrderedDict, (*_DICT_MUTATORS, "move_to_end"))
 _add_refusals(FrozenDefaultDict, _DICT_MUTATORS)
+_add_refusals(FrozenSet, _SET_MUTATORS)
+_plain_results(FrozenDict, dict)
 _plain_results(FrozenOrderedDict, OrderedDict)
 _plain_results(FrozenDefaultDict, defaultdict)
-_plain_results(FrozenDict, dict)
-_add_refusals(
-    FrozenList,
-    (
-        "append",
-        "extend",
-        "insert",
-        "pop",
-        "remove",
-        "clear",
-        "sort",
-        "reverse",
-        "__setitem__",
-        "__delitem__",
-        "__iadd__",
-        "__imul__",
-    ),
-)
-_add_refusals(
-    FrozenDict,
-    (
-        "__setitem__",
-        "__delitem__",
-        "pop",
-        "popitem",
-        "clear",
-        "update",
-        "setdefault",
-        "__ior__",
-    ),
-)
-_add_refusals(
-    FrozenSet,
-    (
-        "add",
-        "discard",
-        "remove",
-        "pop",
-        "clear",
-        "update",
-        "intersection_update",
-        "difference_update",
-        "symmetric_difference_update",
-        "__ior__",
-        "__iand__",
-        "__isub__",
-        "__ixor__",
-    ),
-)
 
 
 def _list_flatten_with_keys(x: FrozenList):

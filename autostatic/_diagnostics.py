@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._partition import is_dynamic_leaf, static_equal
-from ._surgery import expose
+from ._partition import expose, is_dynamic_leaf, static_equal
 
 logger = logging.getLogger("autostatic")
 
@@ -41,7 +41,7 @@ def _aval(x: Any) -> str:
 
 def _canonical(dtype: Any) -> Any:
     # Extended dtypes (PRNG keys) have no numpy dtype and are never canonicalised.
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
         return dtype
     return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
@@ -195,7 +195,7 @@ def _aval_reasons(path: str, a: Any, b: Any) -> list[Reason]:
     return reasons
 
 
-def _children(node: Any) -> list[tuple[str, Any]]:
+def _keyed_children(node: Any) -> list[tuple[str, Any]]:
     """One level of a pytree node: (key as text, child) pairs."""
     pairs = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
     return [(jtu.keystr(path), child) for path, child in pairs]
@@ -223,7 +223,7 @@ class _StructureDiff:
                 Reason("structure", path, type(a).__qualname__, type(b).__qualname__)
             )
             return
-        children_a, children_b = dict(_children(a)), dict(_children(b))
+        children_a, children_b = dict(_keyed_children(a)), dict(_keyed_children(b))
         if isinstance(a, (list, tuple)) and len(a) != len(b):
             self.reasons.append(Reason("length", path, len(a), len(b)))
         else:

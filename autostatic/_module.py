@@ -2,39 +2,33 @@
 
 import dataclasses
 import inspect
-import re
 from typing import Any
 
 import equinox as eqx
 import jax.tree_util as jtu
 
-from . import _bound_method, _partition
+from . import _partition
+from ._bound_method import MethodDescriptor, wraps_as_method
 from ._compat import (
     currently_initialising,
     install_flatten_generator,
     ModuleMeta,
+    unset_field,
     WRAPPER_FIELD_NAMES,
 )
 
-_NOT_INITIALISED = re.compile(r"Field '(\w+)' was not initialized\.")
-
 
 class _AutoModuleMeta(ModuleMeta):
-    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict, **kwargs):
+    def __new__(
+        mcs,
+        name: str,
+        bases: tuple[type, ...],
+        namespace: dict[str, Any],
+        **kwargs: Any,
+    ) -> "_AutoModuleMeta":
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
-        # (name, declared eqx.field(static=True)) per dataclass field, in order.
-        fields = dataclasses.fields(cls)
-        cls.__autostatic_fields__ = tuple(
-            (f.name, bool(f.metadata.get("static", False))) for f in fields
-        )
-        # Unflattened instances fill their attributes in lazily (`__getattr__`), so
-        # a class attribute must not shadow a field: dataclass defaults move here.
-        for name in _partition.moved_defaults(cls):
-            delattr(cls, name)
-        cls.__autostatic_defaults__ = {
-            f.name: f.default for f in fields if f.default is not dataclasses.MISSING
-        }
-        names = {f.name for f in fields}
+        _partition.prepare_class(cls)
+        fields = set(_partition.fields_of(cls).names)
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract
         # eqx.Module kept during a migration), are bound as pytree-and-hashable
         # `BoundMethod`s; AutoModule bases did this for their own already.
@@ -47,11 +41,11 @@ class _AutoModuleMeta(ModuleMeta):
         for attrs in own:
             for attr, value in attrs.items():
                 if (
-                    attr not in names
-                    and _bound_method.wraps_as_method(attr, value)
+                    attr not in fields
+                    and wraps_as_method(attr, value)
                     and inspect.getattr_static(cls, attr) is value
                 ):
-                    setattr(cls, attr, _bound_method.MethodDescriptor(value, attr))
+                    setattr(cls, attr, MethodDescriptor(value, attr))
         return cls
 
     def __call__(cls, *args: Any, **kwargs: Any):
@@ -59,34 +53,24 @@ class _AutoModuleMeta(ModuleMeta):
         try:
             obj = super().__call__(*args, **kwargs)
         except TypeError as err:
-            unset = _NOT_INITIALISED.fullmatch(str(err))
-            if unset is None:
+            name = unset_field(err)
+            if name is None:
                 raise
             raise TypeError(
-                f"{cls.__qualname__}.{unset[1]} was never set: __init__ must assign "
-                f"self.{unset[1]} (or the field needs a default value)."
+                f"{err} {cls.__qualname__}.{name} was never set: __init__ must assign "
+                f"self.{name} (or the field needs a default value)."
             ) from err
         _partition.freeze_partition(obj)
         return obj
 
 
-def _flatten_functions(cls: type) -> tuple:
-    # Called by Equinox's class creation, after dataclass processing. Classes on which
-    # a base shadows a field fill attributes in at unflatten rather than lazily.
-    unflatten = (
-        _partition.unflatten_eager
-        if _partition.needs_eager(cls)
-        else _partition.unflatten
-    )
-    return _partition.flatten, _partition.flatten_with_keys, unflatten
-
-
+# Called by Equinox's class creation, after dataclass processing.
 install_flatten_generator(
-    lambda cls: isinstance(cls, _AutoModuleMeta), _flatten_functions
+    lambda cls: isinstance(cls, _AutoModuleMeta), _partition.flatten_functions
 )
 
 
-class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
+class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
     """An `eqx.Module` that decides by itself what is static.
 
     Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
@@ -97,8 +81,6 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
     `jax.grad` and `jax.vmap` accept it directly and its key paths are the natural
     ones (`.layers[0].weight`).
     """
-
-    __slots__ = (_partition.FLAT, _bound_method._METHODS)
 
     # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's
     # Python-level `__getattribute__` (which wraps bound methods on every access) is
@@ -157,16 +139,16 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
             except KeyError:
                 pass
             try:
-                return cls.__autostatic_defaults__[name]
+                return _partition.fields_of(cls).defaults[name]
             except KeyError:
                 pass
         else:
-            descriptor = next(
-                (vars(k)[name] for k in cls.__mro__ if name in vars(k)), None
-            )
-            if hasattr(type(descriptor), "__get__"):
+            owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+            descriptor = None if owner is None else vars(owner)[name]
+            get = getattr(type(descriptor), "__get__", None)
+            if get is not None:
                 # Let the descriptor's own error through, not a misleading one.
-                return descriptor.__get__(self, cls)
+                return get(descriptor, self, cls)
         raise AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name: str) -> None:
@@ -177,7 +159,3 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
 
     def __reduce__(self):
         return _partition.reduce(self)
-
-
-_partition.bind_slot(AutoModule.__dict__[_partition.FLAT])
-_bound_method.bind_slot(AutoModule.__dict__[_bound_method._METHODS])

@@ -16,15 +16,21 @@ Each declared field is one of three kinds, in declaration order:
   keeps the plain value. The wrappers travel with their parent nodes through
   `tree_at`, `make_with_state` and other rewrites of sub-nodes.
 
-Each instance keeps `(children, aux)` in a slot, so flattening is one slot read, and
-unflattening only creates the instance and fills that slot; the attributes are filled in
-from it on first access (`materialise`).
+Each instance keeps `(children, aux)` in a slot of `Partitioned` (a base of
+AutoModule), so flattening is one slot read, and unflattening only creates the instance
+and fills that slot; the attributes are filled in from it on first access
+(`materialise`).
+
+This module owns the partition and everything that reads it: the per-class field
+specification (`prepare_class`, `fields_of`), the aux data (`Aux`), and the exposed
+form used by model surgery and diagnostics (`expose`, `refreeze`).
 """
 
 import dataclasses
 import types
 import weakref
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple
 
 import equinox as eqx
 import jax
@@ -35,11 +41,14 @@ from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 
 MISSING: Final = object()
 
-FLAT: Final = "__autostatic_flat__"  # the name of the slot on AutoModule
-DYNAMIC: Final = 0
-STATIC: Final = 1
-MIXED: Final = 2
-GUARDED: Final = 3  # static, with a type whose `==` runs in Python (see `Aux`)
+# The kind of a field, decided per instance at the end of construction.
+DYNAMIC: Final = 0  # every leaf is an array (or it has no leaves): a child
+STATIC: Final = 1  # no leaf is an array: a static value in the aux data
+MIXED: Final = 2  # both: a child whose non-array leaves are `StaticLeaf`s
+# Static, but its `==` runs in Python (and may raise), so the value sits in a
+# `StaticLeaf` that names the attribute if the comparison fails (see `Aux`).
+STATIC_COMPARED_IN_PYTHON: Final = 3
+_CHILD_KINDS: Final = (DYNAMIC, MIXED)
 
 _object_getattribute = object.__getattribute__
 _object_setattr = object.__setattr__
@@ -55,40 +64,78 @@ def is_dynamic_leaf(x: Any) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
+class FieldSpec(NamedTuple):
+    """What the class declares about its fields, fixed when the class is created."""
+
+    names: tuple[str, ...]
+    declared_static: tuple[bool, ...]  # `eqx.field(static=True)`
+    defaults: dict[str, Any]  # dataclass defaults, moved off the class
+
+
+_SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
+
+
+def fields_of(cls: type) -> FieldSpec:
+    return getattr(cls, _SPEC)
+
+
+def is_automodule(x: Any) -> bool:
+    return hasattr(type(x), _SPEC)
+
+
+def prepare_class(cls: type) -> None:
+    """Records the fields of a new AutoModule class and moves its dataclass defaults
+    off the class: a lazily unflattened instance fills its attributes in through
+    `__getattr__`, which a class attribute of the same name would shadow."""
+    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
+    for name in moved_defaults(cls):
+        delattr(cls, name)
+    spec = FieldSpec(
+        names=tuple(f.name for f in fields),
+        declared_static=tuple(bool(f.metadata.get("static", False)) for f in fields),
+        defaults={
+            f.name: f.default for f in fields if f.default is not dataclasses.MISSING
+        },
+    )
+    setattr(cls, _SPEC, spec)
+
+
 class Layout:
     """Which field is which kind, shared by every instance of a class with that split."""
 
     __slots__ = (
         "cls",
         "kinds",
-        "dynamic_names",
-        "dynamic_keys",
+        "child_names",
+        "child_keys",
         "mixed",
         "static_names",
-        "guarded",
+        "compared_in_python",
     )
 
-    def __init__(self, cls: type, names: tuple[str, ...], kinds: tuple[int, ...]):
-        dynamic = [k for k in kinds if k in (DYNAMIC, MIXED)]
-        static = [k for k in kinds if k in (STATIC, GUARDED)]
+    def __init__(self, cls: type, kinds: tuple[int, ...]):
+        names = fields_of(cls).names
+        child_kinds = [k for k in kinds if k in _CHILD_KINDS]
+        static_kinds = [k for k in kinds if k not in _CHILD_KINDS]
         self.cls = cls
         self.kinds = kinds
-        self.dynamic_names = tuple(
-            n for n, k in zip(names, kinds) if k in (DYNAMIC, MIXED)
-        )
-        self.dynamic_keys = tuple(jtu.GetAttrKey(n) for n in self.dynamic_names)
-        self.mixed = tuple(i for i, k in enumerate(dynamic) if k == MIXED)
+        self.child_names = tuple(n for n, k in zip(names, kinds) if k in _CHILD_KINDS)
+        self.child_keys = tuple(jtu.GetAttrKey(n) for n in self.child_names)
+        # Positions among the children / among the static values.
+        self.mixed = tuple(i for i, k in enumerate(child_kinds) if k == MIXED)
         self.static_names = tuple(
-            n for n, k in zip(names, kinds) if k in (STATIC, GUARDED)
+            n for n, k in zip(names, kinds) if k not in _CHILD_KINDS
         )
-        self.guarded = tuple(i for i, k in enumerate(static) if k == GUARDED)
+        self.compared_in_python = tuple(
+            i for i, k in enumerate(static_kinds) if k == STATIC_COMPARED_IN_PYTHON
+        )
 
     def __reduce__(self):
         return (layout_for, (self.cls, self.kinds))
 
     def __repr__(self) -> str:
         return (
-            f"Layout({self.cls.__qualname__}, dynamic={self.dynamic_names}, "
+            f"Layout({self.cls.__qualname__}, children={self.child_names}, "
             f"static={self.static_names})"
         )
 
@@ -103,9 +150,45 @@ def layout_for(cls: type, kinds: tuple[int, ...]) -> Layout:
     try:
         return per_class[kinds]
     except KeyError:
-        names = tuple(name for name, _ in cls.__autostatic_fields__)
         # setdefault: threads constructing the first instances at once share one.
-        return per_class.setdefault(kinds, Layout(cls, names, kinds))
+        return per_class.setdefault(kinds, Layout(cls, kinds))
+
+
+class Aux(tuple):
+    """The aux data of an AutoModule node: `(layout, static_types, *static_values)`.
+
+    A flat tuple, so that JAX's treedef comparison (what every jit cache lookup does,
+    as a treedef hash ignores aux data) runs in C: the layout by identity, the static
+    values' types (so that `1`, `1.0` and `True`, equal under `==`, do not share a
+    compiled program), then each static value with `==`. A subclass adds the names
+    without changing that comparison (measured in design.md; a NamedTuple would
+    need the static values nested in a tuple of their own, 13% slower to compare).
+    A static value whose type compares in Python is kept in a `StaticLeaf`, whose
+    `__eq__` names the attribute if the comparison fails.
+    """
+
+    __slots__ = ()
+
+    @property
+    def layout(self) -> Layout:
+        return self[0]
+
+    @property
+    def static_types(self) -> tuple[type, ...]:
+        return self[1]
+
+    @property
+    def static_values(self) -> tuple[Any, ...]:
+        return self[2:]
+
+    def __reduce__(self):
+        # `type(f)` of a function is not picklable, and the types follow from the
+        # values anyway.
+        return (make_aux, (self.layout, self.static_values))
+
+
+def make_aux(layout: Layout, static_values: tuple[Any, ...]) -> Aux:
+    return Aux((layout, tuple(map(type, static_values)), *static_values))
 
 
 def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
@@ -115,16 +198,6 @@ def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
         "a compiled function can be reused. Give the value's type a boolean __eq__, or "
         "store the data as a jax/numpy array so that it becomes dynamic."
     )
-
-
-# The aux data of an AutoModule node is a plain tuple `(layout, types, *static_values)`,
-# so that JAX's treedef comparison (what every jit cache lookup does, as a treedef hash
-# ignores aux data) runs in C: the layout by identity, the static values' types (so
-# that `1`, `1.0` and `True`, equal under `==`, do not share a compiled program), then
-# each static value with `==`.
-# A static value whose type compares in Python (and so may raise) is kept in a
-# `StaticLeaf`, whose `__eq__` names the attribute if the comparison fails.
-Aux = tuple
 
 
 def _compares_in_python(value: Any) -> bool:
@@ -228,8 +301,8 @@ def _leaf_paths(value: Any) -> list[str]:
 def _split_field(
     qualname: str, name: str, value: Any, forced_static: bool, warn: bool
 ) -> tuple[int, Any]:
-    """Returns the kind of one field and its child (or its static value, in a
-    `StaticLeaf` if it is GUARDED)."""
+    """Returns the kind of one field and its child or static value (in a `StaticLeaf`
+    if it is STATIC_COMPARED_IN_PYTHON)."""
     where = f"{qualname}.{name}"
     if is_dynamic_leaf(value):
         leaves = [value]
@@ -265,7 +338,7 @@ def _split_field(
             warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}", 4)
     if kind == STATIC:
         if _compares_in_python(value) or any(map(_compares_in_python, leaves)):
-            return GUARDED, StaticLeaf(value, where)
+            return STATIC_COMPARED_IN_PYTHON, StaticLeaf(value, where)
         return STATIC, value
 
     def wrap(leaf: Any, path: str) -> Any:
@@ -275,50 +348,54 @@ def _split_field(
 
 
 def compute_partition(
-    obj: Any, *, freeze_values: bool, warn: bool
+    obj: Any, *, final: bool
 ) -> tuple[dict[str, Any], tuple[tuple[Any, ...], Aux]]:
     """Decides the partition of `obj` from its current field values.
 
-    Returns the (possibly frozen) field values and the `(children, aux)` pair.
+    `final`: construction has ended, so containers are frozen and static values
+    checked (with a warning for hidden arrays); otherwise the partition is only
+    provisional, for a flatten from inside `__init__` or `__check_init__`.
+    Returns the field values and the `(children, aux)` pair.
     """
     cls = type(obj)
+    spec = fields_of(cls)
     attrs = _object_getattribute(obj, "__dict__")
     qualname = cls.__qualname__
     values: dict[str, Any] = {}
     kinds = []
     children = []
     static_values = []
-    for name, forced_static in cls.__autostatic_fields__:
+    for name, forced_static in zip(spec.names, spec.declared_static):
         try:
             value = attrs[name]
         except KeyError:
             # A default that a custom __init__ left alone, or, while __init__ is
-            # still running (a provisional flatten), a field not yet set.
-            value = cls.__autostatic_defaults__.get(name, MISSING)
-        if freeze_values:
+            # still running, a field not yet set.
+            value = spec.defaults.get(name, MISSING)
+        if final:
             path: ContainerPath = (f"{qualname}.{name}",)
             value = freeze(value, path)
         values[name] = value
-        kind, part = _split_field(qualname, name, value, forced_static, warn)
-        (static_values if kind in (STATIC, GUARDED) else children).append(part)
+        kind, part = _split_field(qualname, name, value, forced_static, final)
+        (children if kind in _CHILD_KINDS else static_values).append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
-    types = tuple(map(type, static_values))
-    return values, (tuple(children), (layout, types, *static_values))
+    return values, (tuple(children), make_aux(layout, tuple(static_values)))
 
 
-_get_flat: Any = None  # the slot's descriptor methods, bound by `bind_slot`
-_set_flat: Any = None
+class Partitioned:
+    """The base that gives AutoModule instances the slot holding `(children, aux)`."""
+
+    __slots__ = ("_autostatic_flat",)
 
 
-def bind_slot(slot: Any) -> None:
-    global _get_flat, _set_flat
-    _get_flat, _set_flat = slot.__get__, slot.__set__
+_get_flat = Partitioned._autostatic_flat.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
+_set_flat = Partitioned._autostatic_flat.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 
 
 def freeze_partition(obj: Any) -> None:
     """Decides and stores the partition of a fully constructed AutoModule."""
-    values, flat = compute_partition(obj, freeze_values=True, warn=True)
+    values, flat = compute_partition(obj, final=True)
     _object_getattribute(obj, "__dict__").update(values)
     _set_flat(obj, flat)
 
@@ -328,12 +405,12 @@ def flatten(obj: Any) -> tuple[tuple[Any, ...], Aux]:
         return _get_flat(obj)
     except AttributeError:
         # Flattened from inside its own __init__ or __check_init__: decide provisionally.
-        return compute_partition(obj, freeze_values=False, warn=False)[1]
+        return compute_partition(obj, final=False)[1]
 
 
-def flatten_with_keys(obj: Any):
+def flatten_with_keys(obj: Any) -> tuple[tuple[tuple[Any, Any], ...], Aux]:
     children, aux = flatten(obj)
-    return tuple(zip(aux[0].dynamic_keys, children)), aux
+    return tuple(zip(aux.layout.child_keys, children)), aux
 
 
 def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
@@ -353,12 +430,24 @@ def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     return obj
 
 
+def flatten_functions(
+    cls: type,
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """Flatten, flatten-with-keys and unflatten for the new class `cls`: lazy unflatten
+    unless a base shadows a field (`needs_eager`)."""
+    return (
+        flatten,
+        flatten_with_keys,
+        unflatten_eager if needs_eager(cls) else unflatten,
+    )
+
+
 def moved_defaults(cls: type) -> set[str]:
-    """The fields whose dataclass default sits on `cls` itself; the metaclass moves
-    them to `__autostatic_defaults__`, so that they cannot shadow unfilled fields."""
+    """The fields whose dataclass default sits on `cls` itself; `prepare_class` moves
+    them off the class, so that they cannot shadow unfilled fields."""
     return {
         f.name
-        for f in dataclasses.fields(cls)
+        for f in dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
         if f.default is not dataclasses.MISSING and vars(cls).get(f.name) is f.default
     }
 
@@ -368,37 +457,46 @@ def needs_eager(cls: type) -> bool:
     have moved (a non-AutoModule base's default, a parent's method of that name): it
     would shadow a lazily unflattened instance's empty `__dict__`."""
     moved = moved_defaults(cls)
+    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
     return any(
         f.name in vars(klass)
         for klass in cls.__mro__
-        for f in dataclasses.fields(cls)
+        for f in fields
         if not (klass is cls and f.name in moved)
     )
+
+
+def _unflattened_attrs(children: tuple[Any, ...], aux: Aux) -> dict[str, Any]:
+    layout = aux.layout
+    attrs = dict(zip(layout.static_names, aux.static_values))
+    for i in layout.compared_in_python:
+        name = layout.static_names[i]
+        attrs[name] = attrs[name].value
+    if layout.mixed:
+        values = list(children)
+        for i in layout.mixed:
+            values[i] = unwrap_static_leaves(values[i])
+        attrs.update(zip(layout.child_names, values))
+    else:
+        attrs.update(zip(layout.child_names, children))
+    return attrs
 
 
 def materialise(obj: Any) -> dict[str, Any]:
     """Returns the `__dict__` of `obj` with every field filled in."""
     attrs = _object_getattribute(obj, "__dict__")
-    fields = type(obj).__autostatic_fields__
+    names = fields_of(type(obj)).names
     # Filled in already, unless the first field is missing: other entries (e.g. from
     # `functools.cached_property`) may have arrived first.
-    if fields and fields[0][0] not in attrs:
+    if names and names[0] not in attrs:
         try:
             children, aux = _get_flat(obj)
         except AttributeError:  # still in __init__, before anything was assigned
             return attrs
-        layout = aux[0]
-        attrs.update(zip(layout.static_names, aux[2:]))
-        for i in layout.guarded:
-            name = layout.static_names[i]
-            attrs[name] = attrs[name].value
-        if layout.mixed:
-            values = list(children)
-            for i in layout.mixed:
-                values[i] = unwrap_static_leaves(values[i])
-            attrs.update(zip(layout.dynamic_names, values))
-        else:
-            attrs.update(zip(layout.dynamic_names, children))
+        # One `update` from a complete dict: another thread reading the instance
+        # at the same time sees either no field or every field, never a
+        # half-filled instance or a `StaticLeaf`.
+        attrs.update(_unflattened_attrs(children, aux))
     return attrs
 
 
@@ -412,3 +510,51 @@ def restore(cls: type, attrs: dict[str, Any], flat: tuple[tuple[Any, ...], Aux])
     _object_getattribute(obj, "__dict__").update(attrs)
     _set_flat(obj, flat)
     return obj
+
+
+# The exposed form, for model surgery and diagnostics: every field a child.
+
+
+def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
+    return jtu.tree_map(
+        lambda x: fn(x) if is_automodule(x) else x, tree, is_leaf=is_automodule
+    )
+
+
+def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
+    """A copy of `tree` in which every AutoModule has all its fields as children
+    (except, with `keep_declared_static`, those declared `eqx.field(static=True)`, as
+    an `eqx.Module` would flatten them)."""
+
+    def expose_module(module: Any) -> Any:
+        cls = type(module)
+        spec = fields_of(cls)
+        attrs = materialise(module)
+        kinds, children, static_values = [], [], []
+        for name, declared_static in zip(spec.names, spec.declared_static):
+            if keep_declared_static and declared_static:
+                kinds.append(STATIC)
+                static_values.append(attrs[name])
+            else:
+                kinds.append(DYNAMIC)
+                children.append(_map_modules(expose_module, attrs[name]))
+        aux = make_aux(layout_for(cls, tuple(kinds)), tuple(static_values))
+        return unflatten(cls, aux, tuple(children))
+
+    return _map_modules(expose_module, tree)
+
+
+def refreeze(tree: Any) -> Any:
+    """Decides the partition of every AutoModule in `tree` from its current values."""
+
+    def refreeze_module(module: Any) -> Any:
+        cls = type(module)
+        attrs = materialise(module)
+        fresh = _object_new(cls)
+        _object_getattribute(fresh, "__dict__").update(
+            (n, _map_modules(refreeze_module, attrs[n])) for n in fields_of(cls).names
+        )
+        freeze_partition(fresh)
+        return fresh
+
+    return _map_modules(refreeze_module, tree)

@@ -88,8 +88,7 @@ import jax.tree_util as jtu
 import ml_dtypes
 import numpy as np
 
-from ._partition import is_dynamic_leaf
-from ._surgery import expose
+from ._partition import expose, is_dynamic_leaf
 
 PathOrFile = str | os.PathLike | BinaryIO
 

@@ -44,14 +44,14 @@ def _search(value: Any, depth: int, seen: set[int]) -> str | None:
     if eqx.is_array(value):
         return "an array"
     seen.add(id(value))
-    for label, child in _children(value):
+    for label, child in _reachable_values(value):
         found = _search(child, depth + 1, seen)
         if found is not None:
             return f"{found} in {label}"
     return None
 
 
-def _children(value: Any) -> list[tuple[str, Any]]:
+def _reachable_values(value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, ft.partial):
         return [
             ("the function of a functools.partial", value.func),

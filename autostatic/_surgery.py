@@ -12,64 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
-import jax.tree_util as jtu
 
-from . import _partition
+from ._partition import expose, refreeze
 
 _sentinel: Any = object()
-
-
-def _is_automodule(x: Any) -> bool:
-    return hasattr(type(x), "__autostatic_fields__")
-
-
-def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
-    return jtu.tree_map(
-        lambda x: fn(x) if _is_automodule(x) else x, tree, is_leaf=_is_automodule
-    )
-
-
-def _field_names(module: Any) -> tuple[str, ...]:
-    return tuple(name for name, _ in type(module).__autostatic_fields__)
-
-
-def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
-    """A copy of `tree` in which every AutoModule has all its fields as children
-    (except, with `keep_declared_static`, those declared `eqx.field(static=True)`, as
-    an `eqx.Module` would flatten them)."""
-
-    def expose_module(module: Any) -> Any:
-        cls = type(module)
-        attrs = _partition.materialise(module)
-        kinds, children, static = [], [], []
-        for name, declared_static in cls.__autostatic_fields__:
-            if keep_declared_static and declared_static:
-                kinds.append(_partition.STATIC)
-                static.append(attrs[name])
-            else:
-                kinds.append(_partition.DYNAMIC)
-                children.append(_map_modules(expose_module, attrs[name]))
-        layout = _partition.layout_for(cls, tuple(kinds))
-        aux = (layout, tuple(map(type, static)), *static)
-        return _partition.unflatten(cls, aux, tuple(children))
-
-    return _map_modules(expose_module, tree)
-
-
-def refreeze(tree: Any) -> Any:
-    """Decides the partition of every AutoModule in `tree` from its current values."""
-
-    def refreeze_module(module: Any) -> Any:
-        cls = type(module)
-        attrs = _partition.materialise(module)
-        fresh = object.__new__(cls)
-        object.__getattribute__(fresh, "__dict__").update(
-            (n, _map_modules(refreeze_module, attrs[n])) for n in _field_names(module)
-        )
-        _partition.freeze_partition(fresh)
-        return fresh
-
-    return _map_modules(refreeze_module, tree)
 
 
 def tree_at(

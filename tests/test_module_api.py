@@ -4,6 +4,7 @@ import abc
 import copy
 import dataclasses
 import pickle
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -14,7 +15,7 @@ import pytest
 
 import autostatic as asx
 
-from .helpers import AutoMixed, AutoMLP, EqxMLP, keystrs
+from .helpers import AutoMixed, AutoMLP, EqxMLP, keystrs, TraceCounter
 
 KEY = jax.random.key(0)
 
@@ -220,6 +221,32 @@ def test_copy_deepcopy_pickle_keep_partition(roundtrip):
     np.testing.assert_allclose(f(other, jnp.ones(2)), f(model, jnp.ones(2)))
 
 
+class WithCallables(asx.AutoModule):
+    w: jax.Array
+    activation: Any
+    kind: type
+    layers: list
+
+
+def halve(x: jax.Array) -> jax.Array:
+    return x / 2
+
+
+def test_pickle_of_functions_and_classes_reuses_the_jit_cache():
+    # The aux data holds the static values' types: `function` cannot be pickled.
+    model = WithCallables(
+        jnp.ones(2), halve, np.float32, [eqx.nn.Linear(2, 2, key=KEY), halve]
+    )
+    other = pickle.loads(pickle.dumps(model))
+    assert other.activation is halve and other.kind is np.float32
+    assert other.layers[1] is halve
+    assert jax.tree_util.tree_structure(other) == jax.tree_util.tree_structure(model)
+    counter = TraceCounter(lambda m, x: m.activation(m.layers[0](m.w * x)))
+    f = jax.jit(counter)
+    np.testing.assert_allclose(f(model, jnp.ones(2)), f(other, jnp.ones(2)))
+    assert counter.count == 1
+
+
 def test_immutable_after_init_with_clear_errors():
     model = AutoMLP(1, 2, KEY)
     with pytest.raises(
@@ -252,7 +279,9 @@ def test_field_never_set_error_names_class_and_attribute():
         def __init__(self):
             self.w = jnp.ones(1)
 
-    with pytest.raises(TypeError, match=r"Unset\.n was never set"):
+    with pytest.raises(
+        TypeError, match=r"^Field 'n' was not initialized\. .*Unset\.n was never set"
+    ):
         Unset()
 
 
