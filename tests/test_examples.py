@@ -46,3 +46,16 @@ def test_sharded_training():
 def test_retrace_debugging():
     out = run_example("retrace_debugging")
     assert out == {"float_retraces": 4, "array_retraces": 0}
+
+
+@needs_devices(8)
+def test_orbax_checkpoint():
+    import pytest
+
+    pytest.importorskip("orbax.checkpoint")
+    assert run_example("orbax_checkpoint") == {
+        "restored_equal": True,
+        "shardings_match": True,
+        "mismatched_keys": 4,
+        "migrated_equal": True,
+    }
