@@ -3,8 +3,14 @@
 `eqx.Module` registers every subclass as a pytree inside its metaclass, with flatten
 functions produced by `equinox._module._module.generate_flatten_functions`, and JAX has
 no way to unregister a type. AutoModule therefore hands Equinox its own flatten
-functions at that single point. Everything touched here is private to Equinox, so a
-version whose internals differ fails loudly at import instead of misbehaving later.
+functions at that single point.
+
+`eqx.tree_at` and `eqx.nn.inference_mode` (alias `eqx.tree_inference`) cannot see the
+static values of an AutoModule; `route_surgery` replaces those three public names with
+functions that handle trees holding AutoModules and call Equinox's own otherwise.
+
+Everything touched here is private to Equinox, so a version whose internals differ
+fails loudly at import instead of misbehaving later.
 """
 
 import dataclasses
@@ -14,6 +20,9 @@ from typing import Any
 
 import equinox as eqx
 import equinox._module._module as _eqx_module
+import equinox._tree as _eqx_tree
+import equinox.nn as _eqx_nn
+import equinox.nn._inference as _eqx_inference
 
 # Equinox's `_ModuleMeta.__call__` raises TypeError(f"Field {name!r} was not initialized.")
 _UNSET_FIELD_MESSAGE_END = " was not initialized."
@@ -52,6 +61,19 @@ def _check_equinox() -> None:
     for name in ("generate_flatten_functions", "register_pytree_with_keys"):
         if name not in code_names:
             problems.append(f"_ModuleMeta.__new__ no longer calls {name}")
+    # Unwrapped: `route_surgery` may already have run (the check runs again in tests).
+    tree_at = getattr(eqx.tree_at, "__wrapped__", eqx.tree_at)
+    inference_mode = getattr(_eqx_nn.inference_mode, "__wrapped__", None)
+    inference_mode = inference_mode or _eqx_nn.inference_mode
+    if not (
+        tree_at is getattr(_eqx_tree, "tree_at", None)
+        and inference_mode is getattr(_eqx_inference, "inference_mode", None)
+        and getattr(eqx, "tree_inference", None) is _eqx_nn.inference_mode
+    ):
+        problems.append(
+            "eqx.tree_at / eqx.nn.inference_mode / eqx.tree_inference are not the "
+            "functions of equinox._tree and equinox.nn._inference"
+        )
     if problems:
         raise ImportError(
             "autostatic cannot work with the installed equinox: "
@@ -99,3 +121,38 @@ def unset_field(err: TypeError) -> str | None:
     """The field name if `err` is Equinox's error for a field `__init__` never set."""
     match = _UNSET_FIELD.fullmatch(str(err))
     return None if match is None else match[1]
+
+
+# Equinox's own functions, kept before `route_surgery` replaces the public names.
+original_tree_at: Callable[..., Any] = eqx.tree_at
+original_inference_mode: Callable[..., Any] = _eqx_nn.inference_mode
+
+
+def route_surgery(
+    tree_at: Callable[..., Any], inference_mode: Callable[..., Any]
+) -> None:
+    """Makes `eqx.tree_at`, `eqx.nn.inference_mode` and `eqx.tree_inference` these.
+
+    Only the public names change: Equinox's internal callers keep their own imports,
+    and a `from equinox import tree_at` run before autostatic was imported keeps
+    Equinox's function.
+    """
+    for function, original in (
+        (tree_at, original_tree_at),
+        (inference_mode, original_inference_mode),
+    ):
+        function.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
+    eqx.tree_at = tree_at
+    _eqx_nn.inference_mode = inference_mode
+    setattr(eqx, "tree_inference", inference_mode)  # noqa: B010  # not in eqx.__all__
+
+
+def saved_by_tree_serialise_leaves(leaf: Any) -> bool:
+    """Whether `eqx.tree_serialise_leaves` writes `leaf` with its default filter spec.
+
+    `eqx.default_serialise_filter_spec` writes a blob for exactly the leaves that pass
+    `eqx.is_array_like` (JAX and numpy arrays and scalars, Python bool/int/float/
+    complex, objects with `__jax_array__`) and skips every other leaf; asking Equinox
+    keeps `load_eqx` in step with the version that wrote the file.
+    """
+    return eqx.is_array_like(leaf)

@@ -262,7 +262,10 @@ def _map_preserving(node: Any, fn: Any, is_leaf: Any = None, path: str = "") -> 
         return fn(node, path)
     pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
     if jtu.treedef_is_leaf(treedef):
-        return fn(node, path)
+        # A leaf, or a node without children (None, (), a field-less Module such as
+        # a StateIndex's sentinel), which stays a node: wrapping it would give the
+        # same value two structures, before and after `make_with_state`.
+        return fn(node, path) if treedef.num_leaves else node
     new = [_map_preserving(c, fn, is_leaf, path + jtu.keystr(k)) for k, c in pairs]
     if all(a is b for a, (_, b) in zip(new, pairs)):
         return node

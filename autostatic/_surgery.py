@@ -6,16 +6,39 @@ tree (a copy whose every field, static values included, is a pytree child), run 
 Equinox operation on that, then decide the partition of every AutoModule afresh, so a
 replaced value is classified by what it is now: an array put where a float was becomes
 dynamic, a static submodule that gains arrays becomes dynamic.
+
+`eqx.tree_at` and `eqx.nn.inference_mode` themselves are routed here (`_compat`), so
+code written for Equinox gets the same results. `eqx.tree_at` keeps Equinox's own
+speed where that is exact: every replacement is arrays only (an array, an array
+sub-module, None) and every target is a node of the tree.
 """
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import equinox as eqx
+import jax.tree_util as jtu
 
-from ._partition import expose, refreeze
+from ._compat import original_inference_mode, original_tree_at, route_surgery
+from ._partition import expose, is_automodule, is_dynamic_leaf, refreeze
 
 _sentinel: Any = object()
+
+
+def _contains_automodule(tree: Any) -> bool:
+    return any(map(is_automodule, jtu.tree_leaves(tree, is_leaf=is_automodule)))
+
+
+def _arrays_only(tree: Any) -> bool:
+    return all(map(is_dynamic_leaf, jtu.tree_leaves(tree)))
+
+
+def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if replace is not _sentinel:
+        kwargs["replace"] = replace
+    if replace_fn is not _sentinel:
+        kwargs["replace_fn"] = replace_fn
+    return kwargs
 
 
 def tree_at(
@@ -32,18 +55,62 @@ def tree_at(
     AutoModules are re-partitioned, so the replacement is static or dynamic according
     to what it is.
     """
-    kwargs: dict[str, Any] = {"is_leaf": is_leaf}
-    if replace is not _sentinel:
-        kwargs["replace"] = replace
+    kwargs = _replacements(replace, replace_fn)
+    return refreeze(original_tree_at(where, expose(pytree), is_leaf=is_leaf, **kwargs))
+
+
+def _routed_tree_at(
+    where: Callable[[Any], Any],
+    pytree: Any,
+    replace: Any | Sequence[Any] = _sentinel,
+    replace_fn: Callable[[Any], Any] = _sentinel,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules and
+    a target is static or a replacement is not arrays only; then `tree_at`."""
+    arrays_only = replace is _sentinel or _arrays_only(replace)
+    user_replace_fn = replace_fn
+
+    def checked_replace_fn(node: Any) -> Any:
+        nonlocal arrays_only
+        new = user_replace_fn(node)
+        arrays_only = arrays_only and _arrays_only(new)
+        return new
+
     if replace_fn is not _sentinel:
-        kwargs["replace_fn"] = replace_fn
-    return refreeze(eqx.tree_at(where, expose(pytree), **kwargs))
+        replace_fn = checked_replace_fn
+    kwargs = _replacements(replace, replace_fn)
+    try:
+        out = original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
+    except (TypeError, ValueError) as err:
+        # A static target is not a node of the tree: Equinox says it is not a leaf.
+        if not _contains_automodule(pytree):
+            raise
+        try:
+            return tree_at(where, pytree, replace, replace_fn, is_leaf)
+        except Exception as exposed_err:
+            raise exposed_err from err
+    if arrays_only or not _contains_automodule(pytree):
+        return out
+    # A non-array now sits where only arrays may be children: decide it afresh.
+    return tree_at(where, pytree, replace, replace_fn, is_leaf)
 
 
 def inference_mode(pytree: Any, value: bool = True) -> Any:
     """`eqx.nn.inference_mode` for trees holding AutoModules.
 
     Inside an AutoModule the `inference` flags of `eqx.nn.Dropout`/`BatchNorm` are
-    static values, which `eqx.nn.inference_mode` cannot reach; this sets them all.
+    static values, out of `eqx.nn.inference_mode`'s sight; this sets them all.
     """
-    return refreeze(eqx.nn.inference_mode(expose(pytree), value))
+    return refreeze(original_inference_mode(expose(pytree), value))
+
+
+def _routed_inference_mode(pytree: Any, value: bool = True) -> Any:
+    if _contains_automodule(pytree):
+        return inference_mode(pytree, value)
+    return original_inference_mode(pytree, value)
+
+
+_routed_inference_mode.__doc__ = original_inference_mode.__doc__
+_routed_tree_at.__doc__ = original_tree_at.__doc__
+route_surgery(_routed_tree_at, _routed_inference_mode)

@@ -177,3 +177,153 @@ def test_eqx_tree_at_replaces_a_sub_node_of_a_mixed_attribute_as_in_equinox():
         auto, jnp.ones(2)
     )
     assert out.shape == (3,)
+
+
+# Equinox's own calls, routed (issue 12): the same results as for the eqx.Module twin.
+
+
+class Inner(asx.AutoModule):
+    dropout: eqx.nn.Dropout
+    scale: float
+
+    def __init__(self):
+        self.dropout = eqx.nn.Dropout(0.5)
+        self.scale = 2.0
+
+    def __call__(self, x, key):
+        return self.scale * self.dropout(x, key=key)
+
+
+class Mixed(asx.AutoModule):
+    dropout: eqx.nn.Dropout  # all static: a Python float and a bool
+    layers: list  # mixed: a Linear, a function and a Dropout
+    norm: eqx.nn.BatchNorm
+    inner: Inner
+    activation: object
+
+    def __init__(self, key):
+        self.dropout = eqx.nn.Dropout(0.5)
+        self.layers = [eqx.nn.Linear(3, 3, key=key), jax.nn.relu, eqx.nn.Dropout(0.5)]
+        self.norm = eqx.nn.BatchNorm(3, "batch")
+        self.inner = Inner()
+        self.activation = jax.nn.tanh
+
+    def __call__(self, x, state, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        x = self.dropout(x, key=k1)
+        x = self.layers[2](self.layers[1](self.layers[0](x)), key=k2)
+        x, state = self.norm(x, state)
+        return self.activation(self.inner(x, k3)), state
+
+
+def _run_mixed(model, state, key):
+    xs = jax.random.normal(jax.random.key(9), (4, 3))
+    return jax.vmap(lambda x: model(x, state, key)[0], axis_name="batch")(xs)
+
+
+def _flags(model):
+    return [
+        model.dropout.inference,
+        model.layers[2].inference,
+        model.norm.inference,
+        model.inner.dropout.inference,
+    ]
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [
+        eqx.nn.inference_mode,
+        lambda m, value=True: eqx.tree_inference(m, value),
+        lambda m, value=True: eqx.nn.inference_mode(m, value=value),
+    ],
+    ids=["eqx.nn.inference_mode", "eqx.tree_inference", "value="],
+)
+def test_eqx_inference_mode_switches_every_flag(switch):
+    model, state = eqx.nn.make_with_state(Mixed)(KEY)
+    inf = switch(model)
+    assert _flags(inf) == [True] * 4 and _flags(model) == [False] * 4
+    ref = asx.inference_mode(model)
+    assert jax.tree_util.tree_structure(inf) == jax.tree_util.tree_structure(ref)
+    assert keystrs(inf) == keystrs(model)
+    run = jax.jit(_run_mixed)  # plain jax.jit: the flags are static, not leaves
+    a = run(inf, state, jax.random.key(1))
+    b = run(inf, state, jax.random.key(2))
+    np.testing.assert_allclose(a, b)  # nothing random is left
+    train = switch(inf, value=False)
+    assert _flags(train) == [False] * 4
+    assert jax.tree_util.tree_structure(train) == jax.tree_util.tree_structure(model)
+    assert not np.allclose(
+        run(train, state, jax.random.key(1)), run(train, state, jax.random.key(2))
+    )
+
+
+def test_eqx_inference_mode_on_plain_equinox_trees_is_equinox_s():
+    net = eqx.nn.Sequential([eqx.nn.Linear(2, 2, key=KEY), eqx.nn.Dropout(0.3)])
+    inf = eqx.nn.inference_mode(net)
+    assert inf.layers[1].inference and not net.layers[1].inference
+    assert eqx.nn.inference_mode is not asx.inference_mode
+
+
+@pytest.mark.parametrize(
+    ("where", "replace", "read"),
+    [
+        (lambda m: m.dropout.p, 0.2, lambda m: m.dropout.p),
+        (lambda m: m.activation, jax.nn.relu, lambda m: m.activation),
+        (lambda m: m.layers[1], jax.nn.gelu, lambda m: m.layers[1]),
+        (lambda m: m.layers[2].p, 0.1, lambda m: m.layers[2].p),
+        (lambda m: m.inner.scale, 3.0, lambda m: m.inner.scale),
+        (lambda m: m.dropout, eqx.nn.Dropout(0.9), lambda m: m.dropout.p),
+        (lambda m: m.layers[2], eqx.nn.Dropout(0.9), lambda m: m.layers[2].p),
+    ],
+    ids=[
+        "dropout.p",
+        "activation",
+        "relu-in-mixed-list",
+        "p-in-mixed-list",
+        "nested",
+        "static-submodule",
+        "dropout-in-mixed-list",
+    ],
+)
+def test_eqx_tree_at_replaces_static_values_as_autostatic_tree_at(where, replace, read):
+    model, state = eqx.nn.make_with_state(Mixed)(KEY)
+    new = eqx.tree_at(where, model, replace)
+    ref = asx.tree_at(where, model, replace)
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(ref)
+    assert eqx.tree_equal(new, ref)
+    expected = replace.p if isinstance(replace, eqx.nn.Dropout) else replace
+    assert read(new) == expected and read(model) != expected
+    assert keystrs(new) == keystrs(model)  # still static: no new leaves
+    jax.jit(_run_mixed)(new, state, jax.random.key(0))  # plain jit takes it
+
+
+def test_eqx_tree_at_replace_fn_on_a_static_value():
+    model = eqx.nn.make_with_state(Mixed)(KEY)[0]
+    new = eqx.tree_at(lambda m: m.inner.scale, model, replace_fn=lambda s: s * 5)
+    assert new.inner.scale == 10.0
+
+
+def test_eqx_tree_at_on_arrays_keeps_equinox_results():
+    model = eqx.nn.make_with_state(Mixed)(KEY)[0]
+    weight = jnp.zeros((3, 3))
+    new = eqx.tree_at(lambda m: m.layers[0].weight, model, weight)
+    assert new.layers[0].weight is weight
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(model)
+    linear = eqx.nn.Linear(3, 3, key=jax.random.key(7))
+    swapped = eqx.tree_at(lambda m: m.layers[0], model, linear)
+    assert eqx.tree_equal(swapped.layers[0], linear)  # a copy, as Equinox makes
+    assert jax.tree_util.tree_structure(swapped) == jax.tree_util.tree_structure(model)
+    # An array where a float was: dynamic now, as autostatic.tree_at decides.
+    as_array = eqx.tree_at(lambda m: m.inner.scale, model, jnp.array(4.0))
+    assert ".inner.scale" in keystrs(as_array)
+
+
+def test_eqx_tree_at_errors_stay_equinox_s():
+    with pytest.raises(TypeError, match="not a leaf"):
+        eqx.tree_at(lambda t: 7.0, (1.0, 2.0), 3.0)
+    model = eqx.nn.make_with_state(Mixed)(KEY)[0]
+    with pytest.raises(ValueError, match="same length"):
+        eqx.tree_at(lambda m: (m.inner.scale, m.dropout.p), model, (1.0,))
+    with pytest.raises(TypeError, match=r"7\.0 is not a leaf"):
+        eqx.tree_at(lambda m: 7.0, model, 3.0)
