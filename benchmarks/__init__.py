@@ -13,6 +13,8 @@ Modules:
   time to first call, training-step throughput.
 - `report`: tables, targets (MET / MISSED), `results.json` and PNG plots.
 - `runner`: the command line (`main(argv)`), also used in-process by the smoke test.
+- `micro`: micro-benchmarks behind single design decisions (aux comparison, the routed
+  `eqx.tree_at`): `python -m benchmarks.micro`.
 - `test_bench`: a few pytest-benchmark tests (`python -m pytest benchmarks/test_bench.py
   --benchmark-only`).
 """

@@ -1,0 +1,105 @@
+"""Micro-benchmarks behind single design decisions, each paired in one process.
+
+`python -m benchmarks.micro` prints, as paired ratios (median and IQR over rounds):
+
+- aux comparison: the flat `tuple` subclass `Aux` vs a plain tuple vs a `NamedTuple`
+  with the static values nested (what JAX's treedef `==` runs on a jit cache lookup);
+- the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
+  `eqx.Module` and by an `AutoModule`, for an array and for a sub-module target.
+"""
+
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import autostatic as asx
+from autostatic._compat import original_tree_at
+from autostatic._partition import Aux
+
+from .timing import paired_ratio, run_interleaved
+
+
+class _NestedAux(NamedTuple):
+    layout: Any
+    static_types: tuple[type, ...]
+    static_values: tuple[Any, ...]
+
+
+def _report(title: str, samples: dict[str, list[float]], reference: str) -> None:
+    print(title)
+    for name, values in samples.items():
+        if name != reference:
+            ratio = paired_ratio(values, samples[reference])
+            print(
+                f"  {name} / {reference}: {ratio['median']:.3f}x "
+                f"(IQR {ratio['q1']:.3f}-{ratio['q3']:.3f}, {ratio['n']} rounds)"
+            )
+
+
+def aux_comparison(rounds: int = 30) -> None:
+    layout = object()
+
+    def values() -> tuple[Any, ...]:
+        return (jax.nn.gelu, 2, 0.1, "name")  # new objects where Python makes them
+
+    def types(v: tuple[Any, ...]) -> tuple[type, ...]:
+        return tuple(map(type, v))
+
+    va, vb = values(), values()
+    plain = (layout, types(va), *va), (layout, types(vb), *vb)
+    flat = Aux(plain[0]), Aux(plain[1])
+    nested = _NestedAux(layout, types(va), va), _NestedAux(layout, types(vb), vb)
+    samples = run_interleaved(
+        {
+            "plain tuple": lambda: plain[0] == plain[1],
+            "Aux (tuple subclass)": lambda: flat[0] == flat[1],
+            "NamedTuple, values nested": lambda: nested[0] == nested[1],
+        },
+        rounds,
+    )
+    _report("aux == of two equal, separately built values", samples, "plain tuple")
+
+
+class _EqxHolder(eqx.Module):
+    layers: list
+
+
+class _AutoHolder(asx.AutoModule):
+    layers: list
+
+
+def routed_tree_at(rounds: int = 15) -> None:
+    keys = jax.random.split(jax.random.key(0), 256)
+    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
+    weight, linear = jnp.ones((8, 8)), eqx.nn.Linear(8, 8, key=keys[0])
+    for holder in (_EqxHolder(layers), _AutoHolder(layers)):
+        cells = {}
+        for target, where, new in (
+            ("array", lambda m: m.layers[3].weight, weight),
+            ("sub-module", lambda m: m.layers[3], linear),
+        ):
+            cells[f"Equinox's, {target}"] = lambda w=where, n=new, h=holder: (
+                original_tree_at(w, h, n)
+            )
+            cells[f"routed, {target}"] = lambda w=where, n=new, h=holder: eqx.tree_at(
+                w, h, n
+            )
+        samples = run_interleaved(cells, rounds, target_batch_s=0.02)
+        print(
+            f"eqx.tree_at on 256 eqx.nn.Linear in an {type(holder).__mro__[1].__name__}"
+        )
+        for target in ("array", "sub-module"):
+            ratio = paired_ratio(
+                samples[f"routed, {target}"], samples[f"Equinox's, {target}"]
+            )
+            print(
+                f"  {target}: routed / Equinox's {ratio['median']:.3f}x "
+                f"(IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})"
+            )
+
+
+if __name__ == "__main__":
+    aux_comparison()
+    routed_tree_at()
