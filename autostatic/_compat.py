@@ -47,6 +47,8 @@ def _check_equinox() -> None:
     for name in (
         "generate_flatten_functions",
         "_currently_initialising",
+        "MSG_METHOD_IN_INIT",
+        "_has_dataclass_init",
         "_ModuleMeta",
         "WRAPPER_FIELD_NAMES",
     ):
@@ -91,6 +93,15 @@ _check_equinox()
 # `_check_equinox` has verified each of these private names above.
 ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
+
+
+def has_dataclass_init(cls: type) -> bool:
+    """Whether `cls` has a generated `__init__`, whose arguments Equinox flattens."""
+    return _eqx_module._has_dataclass_init[cls]
+
+
+# "Cannot assign methods in __init__. ...": Equinox's explanation, with the fix.
+METHOD_IN_INIT_MESSAGE: str = _eqx_module.MSG_METHOD_IN_INIT
 WRAPPER_FIELD_NAMES: tuple[str, ...] = _eqx_module.WRAPPER_FIELD_NAMES  # pyright: ignore[reportPrivateImportUsage]  # verified at import
 
 FlattenFunctions = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]

@@ -246,34 +246,117 @@ jtu.register_pytree_with_keys(
 )
 
 
-def freeze(value: Any, path: ContainerPath) -> Any:
-    """Returns `value` with every list, dict (also `OrderedDict`, `defaultdict`) and set
-    reachable through built-in containers replaced by its frozen twin. Other objects
-    are returned as they are."""
+class ContainerCycleError(TypeError):
+    """A list, dict or tuple that contains itself: a pytree cannot hold a cycle."""
+
+
+_DICT_KINDS = (
+    dict,
+    FrozenDict,
+    OrderedDict,
+    FrozenOrderedDict,
+    defaultdict,
+    FrozenDefaultDict,
+)
+
+
+def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
+    """(key, item) pairs of a container `freeze` descends into, else None."""
+    kind = type(value)
+    if kind is list or kind is FrozenList or isinstance(value, tuple):
+        return list(enumerate(value))
+    if kind in _DICT_KINDS:
+        return list(value.items())
+    return None
+
+
+def _rebuilt(value: Any, items: list[Any], path: ContainerPath) -> Any:
+    """The frozen twin of container `value`, holding `items` (its frozen items)."""
     kind = type(value)
     if kind is list or kind is FrozenList:
-        return FrozenList(
-            [freeze(item, path + (i,)) for i, item in enumerate(value)], path
-        )
-    if kind is dict or kind is FrozenDict:
-        return FrozenDict(
-            {key: freeze(item, path + (key,)) for key, item in value.items()}, path
-        )
-    if kind is OrderedDict or kind is FrozenOrderedDict:
-        return FrozenOrderedDict(
-            [(key, freeze(item, path + (key,))) for key, item in value.items()], path
-        )
-    if kind is defaultdict or kind is FrozenDefaultDict:
-        return FrozenDefaultDict(
-            value.default_factory,
-            {key: freeze(item, path + (key,)) for key, item in value.items()},
-            path,
-        )
-    if kind is set:
-        return FrozenSet(value, path)
+        return FrozenList(items, path)
     if isinstance(value, tuple):
-        items = [freeze(item, path + (i,)) for i, item in enumerate(value)]
         if all(new is old for new, old in zip(items, value)):
             return value
         return kind(*items) if hasattr(value, "_fields") else kind(items)
-    return value
+    pairs = zip(value.keys(), items)
+    if kind is OrderedDict or kind is FrozenOrderedDict:
+        return FrozenOrderedDict(list(pairs), path)
+    if kind is defaultdict or kind is FrozenDefaultDict:
+        return FrozenDefaultDict(value.default_factory, dict(pairs), path)
+    return FrozenDict(dict(pairs), path)
+
+
+def check_acyclic(value: Any, path: ContainerPath) -> None:
+    """Raises `ContainerCycleError` naming where, if a list, dict or tuple reachable
+    through built-in containers from `value` contains itself. Builds nothing."""
+    items = _items(value)
+    if items is None:
+        return
+    stack = [(id(value), path, iter(items))]
+    on_path = {id(value)}
+    while stack:
+        node_id, node_path, rest = stack[-1]
+        entry = next(rest, None)
+        if entry is None:
+            stack.pop()
+            on_path.discard(node_id)
+            continue
+        key, item = entry
+        sub_items = _items(item)
+        if sub_items is None:
+            continue
+        item_path = (*node_path, key)
+        if id(item) in on_path:
+            raise _cycle_error(item_path)
+        on_path.add(id(item))
+        stack.append((id(item), item_path, iter(sub_items)))
+
+
+def _cycle_error(path: ContainerPath) -> ContainerCycleError:
+    return ContainerCycleError(
+        f"{format_path(path)} is a container that contains itself (a cycle). A "
+        "pytree cannot hold a cycle: store the data without the self-reference."
+    )
+
+
+def freeze(value: Any, path: ContainerPath) -> Any:
+    """Returns `value` with every list, dict (also `OrderedDict`, `defaultdict`) and set
+    reachable through built-in containers replaced by its frozen twin. Other objects
+    are returned as they are.
+
+    Iterative, so a nest is limited by JAX's own flatten (Equinox builds and jits 900
+    nested lists), not by Python's recursion limit; a container met again on its own
+    path is a cycle and raises `ContainerCycleError` naming where.
+    """
+    if type(value) is set:
+        return FrozenSet(value, path)
+    items = _items(value)
+    if items is None:
+        return value
+    # One entry per container being frozen: (container, path, its items, frozen ones).
+    stack = [(value, path, items, [])]
+    on_path = {id(value)}
+    while True:
+        node, node_path, node_items, frozen = stack[-1]
+        if len(frozen) < len(node_items):
+            key, item = node_items[len(frozen)]
+            item_path = (*node_path, key)
+            if type(item) is set:
+                frozen.append(FrozenSet(item, item_path))
+                continue
+            sub_items = _items(item)
+            if sub_items is None:
+                frozen.append(item)
+                continue
+            if id(item) in on_path:
+                raise _cycle_error(item_path)
+            on_path.add(id(item))
+            stack.append((item, item_path, sub_items, []))
+            continue
+        stack.pop()
+        on_path.discard(id(node))
+        result = _rebuilt(node, frozen, node_path)
+        if not stack:
+            return result
+        stack[-1][3].append(result)

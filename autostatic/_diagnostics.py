@@ -407,5 +407,4 @@ def _warn_changing_scalars(
                     f"has changed on {changes[reason.path]} calls of {name}, and each "
                     "new value retraces because it is static. If it changes every step, "
                     "store it as an array, e.g. `eqx.field(converter=jnp.asarray)`.",
-                    stacklevel=3,
                 )

@@ -2,22 +2,32 @@
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import equinox as eqx
 import jax.tree_util as jtu
+from typing_extensions import dataclass_transform
 
 from . import _partition
-from ._bound_method import MethodDescriptor, wraps_as_method
+from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._compat import (
     currently_initialising,
+    has_dataclass_init,
     install_flatten_generator,
+    METHOD_IN_INIT_MESSAGE,
     ModuleMeta,
     unset_field,
     WRAPPER_FIELD_NAMES,
 )
+from ._containers import check_acyclic
 
 
+# Type checkers take a class built by a metaclass for a dataclass only when that
+# metaclass itself carries `dataclass_transform` (pyright does not look through to
+# Equinox's `_ModuleMeta`): so `Point(x=1.0, y=2)` is checked against the fields.
+# Not `frozen_default=True`: a checker would then reject `self.x = ...` in a custom
+# `__init__` (Equinox does not declare it either).
+@dataclass_transform(field_specifiers=(dataclasses.field, eqx.field))
 class _AutoModuleMeta(ModuleMeta):
     def __new__(
         mcs,
@@ -50,6 +60,12 @@ class _AutoModuleMeta(ModuleMeta):
 
     def __call__(cls, *args: Any, **kwargs: Any):
         __tracebackhide__ = True
+        if has_dataclass_init(cls):
+            # Equinox flattens these arguments first, and JAX's flatten of a cyclic
+            # list ends in a RecursionError that can leave the interpreter unusable.
+            names = _partition.fields_of(cls).names
+            for name, arg in (*zip(names, args), *kwargs.items()):
+                check_acyclic(arg, (f"{cls.__qualname__}.{name}",))
         try:
             obj = super().__call__(*args, **kwargs)
         except TypeError as err:
@@ -84,8 +100,10 @@ class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
 
     # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's
     # Python-level `__getattribute__` (which wraps bound methods on every access) is
-    # not needed; plain attribute lookup is several times faster.
-    __getattribute__ = object.__getattribute__
+    # not needed; plain attribute lookup is several times faster. Hidden from type
+    # checkers, which would take any attribute for known through it.
+    if not TYPE_CHECKING:
+        __getattribute__ = object.__getattribute__
 
     def __hash__(self) -> int:
         leaves, treedef = jtu.tree_flatten(self)
@@ -110,6 +128,10 @@ class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self in currently_initialising:
+            if isinstance(value, BoundMethod) and value.__self__ is self:
+                raise ValueError(
+                    f"{type(self).__qualname__}.{name}: {METHOD_IN_INIT_MESSAGE}"
+                )
             if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
                 eqx.Module.__setattr__(self, name, value)
                 return
@@ -127,29 +149,33 @@ class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
             f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
         )
 
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when normal lookup fails: a lazily unflattened instance, a
-        # field with a default that a custom __init__ did not set, or a property
-        # whose body raised AttributeError.
-        cls = type(self)
-        if name in cls.__dataclass_fields__:
-            attrs = _partition.materialise(self)
-            try:
-                return attrs[name]
-            except KeyError:
-                pass
-            try:
-                return _partition.fields_of(cls).defaults[name]
-            except KeyError:
-                pass
-        else:
-            owner = next((k for k in cls.__mro__ if name in vars(k)), None)
-            descriptor = None if owner is None else vars(owner)[name]
-            get = getattr(type(descriptor), "__get__", None)
-            if get is not None:
-                # Let the descriptor's own error through, not a misleading one.
-                return get(descriptor, self, cls)
-        raise AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}")
+    if not TYPE_CHECKING:  # else type checkers take every attribute for known
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only when normal lookup fails: a lazily unflattened instance, a
+            # field with a default that a custom __init__ did not set, or a property
+            # whose body raised AttributeError.
+            cls = type(self)
+            if name in cls.__dataclass_fields__:
+                attrs = _partition.materialise(self)
+                try:
+                    return attrs[name]
+                except KeyError:
+                    pass
+                try:
+                    return _partition.fields_of(cls).defaults[name]
+                except KeyError:
+                    pass
+            else:
+                owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+                descriptor = None if owner is None else vars(owner)[name]
+                get = getattr(type(descriptor), "__get__", None)
+                if get is not None:
+                    # Let the descriptor's own error through, not a misleading one.
+                    return get(descriptor, self, cls)
+            raise AttributeError(
+                f"{cls.__qualname__!r} object has no attribute {name!r}"
+            )
 
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(

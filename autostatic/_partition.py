@@ -27,14 +27,16 @@ form used by model surgery and diagnostics (`expose`, `refreeze`).
 """
 
 import dataclasses
+import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
+import numpy as np
 
 from ._containers import ContainerPath, freeze
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
@@ -256,20 +258,47 @@ def _map_preserving(node: Any, fn: Any, is_leaf: Any = None, path: str = "") -> 
 
     Every untouched sub-node stays the very same object, so the attribute value and the
     pytree child share them and `eqx.tree_at`, which finds nodes by identity, can
-    address a sub-node of a mixed attribute (`m.layers[-1]`).
+    address a sub-node of a mixed attribute (`m.layers[-1]`). Iterative, so nesting
+    is limited by JAX's flatten, not by Python's recursion limit.
     """
-    if is_leaf is not None and is_leaf(node):
-        return fn(node, path)
-    pairs, treedef = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)
-    if jtu.treedef_is_leaf(treedef):
-        # A leaf, or a node without children (None, (), a field-less Module such as
-        # a StateIndex's sentinel), which stays a node: wrapping it would give the
-        # same value two structures, before and after `make_with_state`.
-        return fn(node, path) if treedef.num_leaves else node
-    new = [_map_preserving(c, fn, is_leaf, path + jtu.keystr(k)) for k, c in pairs]
-    if all(a is b for a, (_, b) in zip(new, pairs)):
-        return node
-    return jtu.tree_unflatten(treedef, new)
+
+    def visit(x: Any, x_path: str) -> tuple[bool, Any]:
+        """(True, new value) for a leaf; (False, (treedef, key/child pairs)) for a node."""
+        if is_leaf is not None and is_leaf(x):
+            return True, fn(x, x_path)
+        pairs, treedef = jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+        if jtu.treedef_is_leaf(treedef):
+            # A leaf, or a node without children (None, (), a field-less Module such
+            # as a StateIndex's sentinel), which stays a node: wrapping it would give
+            # the same value two structures, before and after `make_with_state`.
+            return True, fn(x, x_path) if treedef.num_leaves else x
+        return False, (treedef, pairs)
+
+    done, result = visit(node, path)
+    if done:
+        return result
+    # One entry per node being rebuilt: (node, path, treedef, pairs, new children).
+    stack: list[tuple[Any, str, Any, list[tuple[Any, Any]], list[Any]]]
+    stack = [(node, path, *result, [])]
+    while True:
+        x, x_path, treedef, pairs, new = stack[-1]
+        if len(new) < len(pairs):
+            key, child = pairs[len(new)]
+            child_path = x_path + jtu.keystr(key)
+            done, result = visit(child, child_path)
+            if done:
+                new.append(result)
+            else:
+                stack.append((child, child_path, *result, []))
+            continue
+        stack.pop()
+        if all(a is b for a, (_, b) in zip(new, pairs)):
+            rebuilt = x
+        else:
+            rebuilt = jtu.tree_unflatten(treedef, new)
+        if not stack:
+            return rebuilt
+        stack[-1][4].append(rebuilt)
 
 
 def unwrap_static_leaves(child: Any) -> Any:
@@ -278,6 +307,12 @@ def unwrap_static_leaves(child: Any) -> Any:
 
 def _static_problem(value: Any) -> str | None:
     """What is wrong with `value` as a static leaf, as the end of a sentence."""
+    if isinstance(value, Iterator):
+        return (
+            f"is an iterator ({type(value).__qualname__}), kept as a static value: "
+            "the first loop over it consumes it, and every later one sees it empty. "
+            "Store a list or tuple of its items instead (e.g. `list(...)`)."
+        )
     hidden = find_hidden_array(value)
     if hidden is not None:
         return (
@@ -315,6 +350,14 @@ def _split_field(
         leaves, treedef = jtu.tree_flatten(value)
         flags = [is_dynamic_leaf(leaf) for leaf in leaves]
     n_dynamic = sum(flags)
+    for i, leaf in enumerate(leaves):
+        if type(leaf) is np.ndarray and leaf.dtype.hasobject:
+            path = _leaf_paths(value)[i] if treedef is not None else ""
+            raise TypeError(
+                f"{where}{path} is a numpy array of dtype {leaf.dtype}, which JAX "
+                "can neither trace nor store. Convert it to a numeric dtype, or keep "
+                "the Python objects in a list or tuple (static)."
+            )
     if forced_static:
         if n_dynamic:
             raise TypeError(
@@ -338,7 +381,7 @@ def _split_field(
         if problem is not None:
             if paths is None:
                 paths = _leaf_paths(value) if treedef is not None else [""]
-            warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}", 4)
+            warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}")
     if kind == STATIC:
         if _compares_in_python(value) or any(map(_compares_in_python, leaves)):
             return STATIC_COMPARED_IN_PYTHON, StaticLeaf(value, where)
@@ -348,6 +391,13 @@ def _split_field(
         return leaf if is_dynamic_leaf(leaf) else StaticLeaf(leaf, where + path)
 
     return MIXED, _map_preserving(value, wrap)
+
+
+class _ContainsItself(Exception):
+    """Raised by a flatten of a module whose partition is being decided."""
+
+
+_deciding = threading.local()  # .ids: the modules whose partition is being decided
 
 
 def compute_partition(
@@ -360,6 +410,22 @@ def compute_partition(
     provisional, for a flatten from inside `__init__` or `__check_init__`.
     Returns the field values and the `(children, aux)` pair.
     """
+    deciding: set[int] = getattr(_deciding, "ids", None) or set()
+    _deciding.ids = deciding
+    if id(obj) in deciding:
+        # A field holds the module itself (`self.xs = [self]`): flattening it would
+        # recurse forever. The caller deciding that field names it.
+        raise _ContainsItself
+    deciding.add(id(obj))
+    try:
+        return _decide(obj, final)
+    finally:
+        deciding.discard(id(obj))
+
+
+def _decide(
+    obj: Any, final: bool
+) -> tuple[dict[str, Any], tuple[tuple[Any, ...], Aux]]:
     cls = type(obj)
     spec = fields_of(cls)
     attrs = _object_getattribute(obj, "__dict__")
@@ -379,7 +445,14 @@ def compute_partition(
             path: ContainerPath = (f"{qualname}.{name}",)
             value = freeze(value, path)
         values[name] = value
-        kind, part = _split_field(qualname, name, value, forced_static, final)
+        try:
+            kind, part = _split_field(qualname, name, value, forced_static, final)
+        except _ContainsItself:
+            raise TypeError(
+                f"{qualname}.{name} holds the {qualname} instance itself: a module "
+                "is a tree of its fields and cannot contain itself. Store the data it "
+                "needs instead, or pass the module as an argument where it is used."
+            ) from None
         (children if kind in _CHILD_KINDS else static_values).append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
@@ -447,11 +520,17 @@ def flatten_functions(
 
 def moved_defaults(cls: type) -> set[str]:
     """The fields whose dataclass default sits on `cls` itself; `prepare_class` moves
-    them off the class, so that they cannot shadow unfilled fields."""
+    them off the class, so that they cannot shadow unfilled fields. A default that
+    overrides a base's attribute of that name (`size: int = 3` over an abstract
+    property) stays, as in Equinox: moving it would bring the base's back, and such
+    a class fills attributes in at unflatten (`needs_eager`)."""
+    inherited = {name for base in cls.__mro__[1:] for name in vars(base)}
     return {
         f.name
         for f in dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
-        if f.default is not dataclasses.MISSING and vars(cls).get(f.name) is f.default
+        if f.default is not dataclasses.MISSING
+        and vars(cls).get(f.name) is f.default
+        and f.name not in inherited
     }
 
 

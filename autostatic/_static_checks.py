@@ -10,12 +10,15 @@ breaks JAX's compilation cache, which compares static data with `==`.
 
 import contextlib
 import functools as ft
+import os
+import sys
 import types
 import warnings
 import weakref
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.tree_util as jtu
 
 _MAX_DEPTH = 4
@@ -106,12 +109,29 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
 _warned: set[tuple[str, ...]] = set()
 
 
-def warn_once(key: tuple[str, ...], message: str, stacklevel: int) -> None:
-    """Warns once per `key` (class, attribute and cause) for the whole process."""
+# Frames in these folders are skipped, so a warning points at the user's line.
+_LIBRARY_FOLDERS = tuple(
+    os.path.dirname(module.__file__ or "") + os.sep for module in (eqx, jax)
+) + (os.path.dirname(__file__) + os.sep,)
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` of the innermost caller outside autostatic, Equinox and JAX."""
+    frame = sys._getframe(2)  # the caller of `warn_once`
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FOLDERS):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def warn_once(key: tuple[str, ...], message: str) -> None:
+    """Warns once per `key` (class, attribute and cause) for the whole process,
+    pointing at the user's code."""
     if key in _warned:
         return
     _warned.add(key)
-    warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+    warnings.warn(message, UserWarning, stacklevel=_user_stacklevel())
 
 
 def is_uncomparable(value: Any) -> bool:

@@ -432,3 +432,94 @@ def test_attribute_error_inside_a_property_is_not_masked():
         P(jnp.ones(1)).bad
     with pytest.raises(AttributeError, match="has no attribute 'missing'"):
         P(jnp.ones(1)).missing
+
+
+# Bad __init__ patterns get Equinox's errors, not RecursionError (issue 12, item 7).
+
+
+def test_assigning_a_bound_method_of_self_is_equinox_s_error():
+    class Holder(asx.AutoModule):
+        w: jax.Array
+        fn: Any
+
+        def __init__(self):
+            self.w = jnp.ones(2)
+            self.fn = self.double
+
+        def double(self, x):
+            return 2 * x
+
+    with pytest.raises(
+        ValueError, match=r"Holder\.fn: Cannot assign methods in __init__"
+    ):
+        Holder()
+
+
+def test_passing_a_bound_method_of_self_to_super_init_is_equinox_s_error():
+    class Base(asx.AutoModule):
+        transform: Any
+
+        def __init__(self, transform):
+            self.transform = transform
+
+    class Child(Base):
+        w: jax.Array
+
+        def __init__(self):
+            self.w = jnp.ones(2)
+            super().__init__(self._transform)
+
+        def _transform(self, x):
+            return x
+
+    with pytest.raises(ValueError, match=r"Child\.transform: Cannot assign methods"):
+        Child()
+
+
+def test_a_module_in_its_own_field_is_a_clear_error():
+    class Selfish(asx.AutoModule):
+        xs: list
+
+        def __init__(self):
+            self.xs = [jnp.ones(1), self]
+
+    with pytest.raises(
+        TypeError, match=r"Selfish\.xs holds the .*Selfish instance itself"
+    ):
+        Selfish()
+
+
+class _AbstractSize(asx.AutoModule):
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+
+class _EqxAbstractSize(eqx.Module):
+    @property
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+
+@pytest.mark.parametrize("custom_init", [False, True])
+def test_a_field_default_overrides_an_abstract_property_as_in_equinox(custom_init):
+    def make(base):
+        class Sized(base):
+            size: int = 3
+            w: jax.Array = eqx.field(default_factory=lambda: jnp.ones(2))
+
+            if custom_init:
+
+                def __init__(self):
+                    self.w = jnp.zeros(2)
+
+        return Sized
+
+    auto, ref = make(_AbstractSize)(), make(_EqxAbstractSize)()
+    assert auto.size == ref.size == 3
+    assert keystrs(auto) == [".w"]  # the int is static
+    rebuilt = jax.tree_util.tree_map(lambda x: x + 1, auto)  # unflattened: eager
+    assert rebuilt.size == 3
+    assert jax.jit(lambda m: m.w * m.size)(auto).shape == (2,)
+    if not custom_init:
+        assert make(_AbstractSize)(size=5).size == 5

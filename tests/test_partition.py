@@ -2,6 +2,7 @@
 
 import sys
 import threading
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -298,3 +299,61 @@ def test_lazy_fill_in_is_never_seen_half_done_by_other_threads():
     finally:
         sys.setswitchinterval(old_interval)
     assert problems == [], problems[:5]
+
+
+class Holds(asx.AutoModule):
+    value: Any
+
+
+class CustomInit(asx.AutoModule):
+    value: Any
+
+    def __init__(self, value):
+        self.value = value
+
+
+def test_numpy_object_arrays_are_refused_by_attribute_path():
+    objects = np.array([1, "a"], dtype=object)
+    with pytest.raises(
+        TypeError, match=r"Holds\.value\[1\]\['x'\] is a numpy array of dtype object"
+    ):
+        Holds([jnp.ones(1), {"x": objects}])
+    with pytest.raises(
+        TypeError, match=r"Holds\.value is a numpy array of dtype object"
+    ):
+        Holds(objects)
+
+
+@pytest.mark.parametrize("cls", [Holds, CustomInit], ids=["generated", "custom"])
+def test_containers_that_contain_themselves_are_a_clear_error(cls):
+    cyclic_list: list = [jnp.ones(1)]
+    cyclic_list.append(cyclic_list)
+    with pytest.raises(
+        TypeError, match=r"\.value\[1\] is a container that contains itself"
+    ):
+        cls(cyclic_list)
+    cyclic_dict: dict = {"a": 1}
+    cyclic_dict["b"] = [cyclic_dict]
+    with pytest.raises(
+        TypeError, match=r"\.value\['b'\]\[0\] is a container that contains"
+    ):
+        cls(cyclic_dict)
+    shared = [jnp.ones(1)]
+    assert len(jax.tree_util.tree_leaves(cls([shared, shared]))) == 2  # not a cycle
+
+
+@pytest.mark.parametrize("bottom", ["array", "int", "mixed"])
+def test_nesting_as_deep_as_equinox_builds_and_jits(bottom):
+    # Equinox builds and jits 900 nested lists; Python's recursion limit is 1000.
+    value = {"array": jnp.ones(1), "int": 3, "mixed": [jnp.ones(1), "s"]}[bottom]
+    for _ in range(900):
+        value = [value]
+    model = Holds(value)
+    leaves = jax.jit(jax.tree_util.tree_leaves)(model)
+    assert len(leaves) == (0 if bottom == "int" else 1)
+    again = jax.tree_util.tree_map(lambda x: x + 1, model)
+    inner = again.value
+    for _ in range(900):
+        inner = inner[0]
+    expected = {"array": lambda x: x == 2, "int": lambda x: x == 3}
+    assert expected.get(bottom, lambda x: x[0] == 2 and x[1] == "s")(inner)

@@ -2,6 +2,7 @@
 
 import functools as ft
 import warnings
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -127,3 +128,17 @@ def test_unhashable_and_uncomparable_static_value_warns():
         match=r"Holder\.thing\[0\] is a static value of type .*Table.* neither hashed nor compared",
     ):
         Holder(jnp.ones(1), [Table()])
+
+
+def test_an_iterator_as_a_static_value_warns_at_the_user_s_line():
+    class Lazy(asx.AutoModule):
+        items: Any
+
+    with pytest.warns(
+        UserWarning, match=r"Lazy\.items is an iterator \(generator\)"
+    ) as record:
+        Lazy(i for i in range(3))
+    ours = [w for w in record if "Lazy.items" in str(w.message)]
+    assert [w.filename for w in ours] == [__file__]  # JAX adds a DeprecationWarning
+    with pytest.warns(UserWarning, match=r"Lazy\.items\[0\] is an iterator \(map\)"):
+        Lazy([map(str, [1, 2])])
