@@ -1,5 +1,6 @@
 """autostatic: an `equinox.Module` base class that decides static fields by itself."""
 
+from ._checkpoint import load as load, save as save
 from ._diagnostics import (
     explain as explain,
     Explanation as Explanation,
@@ -7,13 +8,9 @@ from ._diagnostics import (
     Reason as Reason,
     retrace_reasons as retrace_reasons,
 )
+from ._eqx_format import load_eqx as load_eqx
 from ._module import AutoModule as AutoModule
-from ._serialisation import (
-    CheckpointError as CheckpointError,
-    load as load,
-    load_eqx as load_eqx,
-    save as save,
-)
+from ._safetensors import CheckpointError as CheckpointError
 from ._surgery import inference_mode as inference_mode, tree_at as tree_at
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """Checkpoint throughput and peak memory: `autostatic` save/load against Equinox's.
 
-Compares `autostatic._serialisation.save` / `load` (safetensors, by key path) with
+Compares `autostatic.save` / `load` (safetensors, by key path) with
 `eqx.tree_serialise_leaves` / `eqx.tree_deserialise_leaves` (positional `.npy` blobs)
 on a model of float32 arrays (about 1 GB; 64 MB with `quick`), for three operations:
 
@@ -123,7 +123,7 @@ def _measure(
     import jax
     import numpy as np
 
-    from autostatic._serialisation import load, save
+    from autostatic import load, save
 
     build = _models()
     if op.startswith("save"):

@@ -209,3 +209,22 @@ def build(desc: tuple, auto: bool) -> Any:
         return {k: build(d, auto) for k, d in desc[1].items()}
     box = Box if auto else EqxBox
     return box(build(desc[1], auto), build(desc[2], auto))
+
+
+def assert_same_arrays(a: Any, b: Any) -> None:
+    """The array leaves of `a` and `b` have the same key paths, dtypes, shapes and
+    bytes (what a checkpoint round trip must preserve)."""
+
+    def by_key(tree: Any) -> dict[str, Any]:
+        return {
+            jax.tree_util.keystr(p): leaf
+            for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+            if eqx.is_array(leaf)
+        }
+
+    la, lb = by_key(a), by_key(b)
+    assert la.keys() == lb.keys()
+    for key in la:
+        x, y = np.asarray(la[key]), np.asarray(lb[key])
+        assert x.dtype == y.dtype and x.shape == y.shape, key
+        assert x.tobytes() == y.tobytes(), key

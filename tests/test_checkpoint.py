@@ -1,0 +1,373 @@
+"""Key-path checkpoints: `save` and `load` (templates, placement, mismatches, and
+saving to a path: atomic, through symbolic links, after killed saves)."""
+
+import errno
+import io
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import autostatic._checkpoint as ckpt
+import autostatic._safetensors as st
+from autostatic import CheckpointError, load, save
+
+from .helpers import assert_same_arrays, AutoMLP, EqxMLP, needs_devices
+
+KEY = jax.random.key(0)
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------- host / device
+
+
+def test_eval_shape_template_loads_to_host_without_jax_arrays(tmp_path):
+    model = AutoMLP(2, 4, KEY, scale=2.0)
+    path = tmp_path / "model.safetensors"
+    save(path, model)
+    template = eqx.filter_eval_shape(AutoMLP, 2, 4, KEY, scale=2.0)
+    live = len(jax.live_arrays())
+    host = load(path, template, host=True)
+    assert len(jax.live_arrays()) == live  # nothing was put on any device
+    leaves = jtu.tree_leaves(host)
+    assert leaves and all(type(x) is np.ndarray for x in leaves)
+    assert_same_arrays(host, model)
+    assert host.scale == 2.0 and host.layers[1].activation is jax.nn.relu
+    assert jtu.tree_structure(host) == jtu.tree_structure(model)
+
+    device = load(path, template)
+    assert all(isinstance(x, jax.Array) for x in jtu.tree_leaves(device))
+    assert_same_arrays(device, model)
+    x = jnp.ones(4)
+    assert jnp.array_equal(device(x), model(x))
+
+
+@needs_devices(8)
+def test_loads_with_the_template_sharding(tmp_path):
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    model = AutoMLP(2, 8, KEY)
+    save(tmp_path / "m.safetensors", model)
+
+    def shard(leaf):
+        spec = P("x", None) if leaf.ndim == 2 else P("x")
+        return jax.ShapeDtypeStruct(
+            leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec)
+        )
+
+    template = jax.tree.map(shard, eqx.filter_eval_shape(AutoMLP, 2, 8, KEY))
+    out = load(tmp_path / "m.safetensors", template)
+    pairs = zip(jtu.tree_leaves(out), jtu.tree_leaves(template), strict=True)
+    for got, want in pairs:
+        assert got.sharding == want.sharding
+        assert len(got.addressable_shards) == 8
+    assert_same_arrays(out, model)
+
+    # A concrete template keeps each array where it is.
+    device = jax.devices()[3]
+    on_3 = jax.device_put(model, device)
+    out = load(tmp_path / "m.safetensors", on_3)
+    assert all(x.devices() == {device} for x in jtu.tree_leaves(out))
+
+
+def test_numpy_template_leaves_stay_numpy():
+    tree = {"a": np.arange(3.0), "b": jnp.arange(2), "c": np.float32(2.5)}
+    f = io.BytesIO()
+    save(f, tree)
+    f.seek(0)
+    out = load(f, tree)
+    assert type(out["a"]) is np.ndarray and isinstance(out["b"], jax.Array)
+    assert type(out["c"]) is np.float32 and out["c"] == 2.5
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def test_duplicate_key_paths_are_an_error():
+    class Twice:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    jtu.register_pytree_with_keys(
+        Twice,
+        lambda t: (((jtu.GetAttrKey("w"), t.a), (jtu.GetAttrKey("w"), t.b)), None),
+        lambda _, children: Twice(*children),
+    )
+    with pytest.raises(ValueError, match=r"\.w"):
+        save(io.BytesIO(), Twice(jnp.zeros(2), jnp.ones(2)))
+
+
+def test_shape_dtype_structs_cannot_be_saved():
+    with pytest.raises(CheckpointError, match=r"\['w'\].*ShapeDtypeStruct"):
+        save(io.BytesIO(), {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
+
+
+def test_64_bit_arrays_need_x64_or_host():
+    tree = {"w": np.arange(3, dtype=np.float64)}
+    f = io.BytesIO()
+    save(f, tree)
+    template = {"w": jax.ShapeDtypeStruct((3,), np.float64)}
+    with pytest.raises(CheckpointError, match=r"\['w'\].*host=True"):
+        load(io.BytesIO(f.getvalue()), template)
+    out = load(io.BytesIO(f.getvalue()), template, host=True)
+    assert out["w"].dtype == np.float64
+
+
+def test_a_single_array_and_prng_keys():
+    f = io.BytesIO()
+    save(f, jnp.arange(3.0))
+    out = load(io.BytesIO(f.getvalue()), jax.ShapeDtypeStruct((3,), jnp.float32))
+    assert out.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(CheckpointError, match="<root>"):
+        load(io.BytesIO(f.getvalue()), jax.ShapeDtypeStruct((4,), jnp.float32))
+    with pytest.raises(CheckpointError, match=r"\['key'\].*key_data"):
+        save(io.BytesIO(), {"key": jax.random.key(0)})
+
+
+# --------------------------------------------------------------------------- mismatches
+
+
+def test_one_error_lists_every_mismatch_and_nothing_is_read(monkeypatch):
+    f = io.BytesIO()
+    save(
+        f,
+        {
+            "a": jnp.zeros(3),
+            "b": jnp.zeros((2, 2)),
+            "c": jnp.zeros(2),
+            "gone": jnp.ones(1),
+        },
+    )
+    template = {
+        "a": jnp.zeros(4),  # shape
+        "b": jnp.zeros((2, 2), jnp.bfloat16),  # dtype
+        "c": jnp.zeros(2),  # fine
+        "new": jax.ShapeDtypeStruct((5,), jnp.float32),  # missing from the file
+    }
+    reads = []
+    original = st.Source.read_into
+    monkeypatch.setattr(
+        st.Source,
+        "read_into",
+        lambda s, o, v, w: (reads.append(w), original(s, o, v, w)),
+    )
+    with pytest.raises(CheckpointError) as info:
+        load(io.BytesIO(f.getvalue()), template)
+    message = str(info.value)
+    assert "4 problems" in message
+    assert "shape differs: ['a'] (template: float32[4], file: float32[3])" in message
+    assert (
+        "dtype differs: ['b'] (template: bfloat16[2,2], file: float32[2,2])" in message
+    )
+    assert "missing from the file: ['new'] (template: float32[5])" in message
+    assert "not in the template: ['gone'] (file: float32[1])" in message
+    assert "['c']" not in message
+    assert reads == ["the header length", "the header"]  # no tensor was read
+
+
+def test_strict_false_ignores_extra_tensors_but_not_missing_ones():
+    f = io.BytesIO()
+    save(f, {"a": jnp.arange(3.0), "extra": jnp.ones(2)})
+    out = load(io.BytesIO(f.getvalue()), {"a": jnp.zeros(3)}, strict=False)
+    assert out["a"].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(CheckpointError, match=r"not in the template: \['extra'\]"):
+        load(io.BytesIO(f.getvalue()), {"a": jnp.zeros(3)})
+    with pytest.raises(
+        CheckpointError, match=r"missing from the file: \['b'\]"
+    ) as info:
+        load(
+            io.BytesIO(f.getvalue()),
+            {"a": jnp.zeros(3), "b": jnp.zeros(1)},
+            strict=False,
+        )
+    assert "extra" not in str(info.value)
+
+
+def test_a_static_value_where_the_file_has_an_array_is_named():
+    f = io.BytesIO()
+    save(f, {"a": jnp.zeros(2), "b": jnp.ones(2)})
+    with pytest.raises(
+        CheckpointError, match=r"\['b'\].*the template has a float there"
+    ):
+        load(io.BytesIO(f.getvalue()), {"a": jnp.zeros(2), "b": 1.0})
+
+
+def test_checkpoints_move_between_eqx_and_auto_modules(tmp_path):
+    auto, eqx_model = AutoMLP(2, 3, KEY), EqxMLP(2, 3, jax.random.key(1))
+    save(tmp_path / "eqx.safetensors", eqx_model)
+    out = load(tmp_path / "eqx.safetensors", eqx.filter_eval_shape(AutoMLP, 2, 3, KEY))
+    assert isinstance(out, AutoMLP)
+    assert_same_arrays(out, eqx_model)
+    save(tmp_path / "auto.safetensors", auto)
+    back = load(tmp_path / "auto.safetensors", eqx_model)
+    assert isinstance(back, EqxMLP)
+    assert_same_arrays(back, auto)
+
+
+# --------------------------------------------------------------------------- files
+
+
+@pytest.mark.parametrize("kind", ["str", "pathlib", "bytesio"])
+def test_paths_and_file_objects(kind, tmp_path):
+    model = AutoMLP(2, 3, KEY)
+    template = eqx.filter_eval_shape(AutoMLP, 2, 3, KEY)
+    if kind == "bytesio":
+        f = io.BytesIO(b"prefix")
+        f.seek(6)  # a checkpoint may start anywhere in a file object
+        save(f, model)
+        f.seek(6)
+        out = load(f, template)
+        assert f.tell() == len(f.getvalue())
+    else:
+        path = tmp_path / "m.safetensors"
+        target = str(path) if kind == "str" else path
+        save(target, model)
+        assert os.listdir(tmp_path) == ["m.safetensors"]
+        out = load(target, template)
+    assert_same_arrays(out, model)
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()])
+def test_failed_save_leaves_the_earlier_file_intact(error, tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    save(path, AutoMLP(2, 3, KEY))
+    before = path.read_bytes()
+    calls = []
+    original = ckpt._write_tensor
+
+    def failing(f, key, leaf, nbytes):
+        calls.append(key)
+        if len(calls) == 2:
+            f.write(b"\0" * 5)  # partly written when it fails
+            raise error
+        original(f, key, leaf, nbytes)
+
+    monkeypatch.setattr(ckpt, "_write_tensor", failing)
+    with pytest.raises(type(error)):
+        save(path, AutoMLP(2, 3, jax.random.key(7)))
+    assert len(calls) == 2
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+    monkeypatch.undo()
+    assert_same_arrays(load(path, AutoMLP(2, 3, KEY)), AutoMLP(2, 3, KEY))
+
+
+def test_a_full_disk_names_the_path_being_saved(tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+
+    def no_space(f, key, leaf, nbytes):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt, "_write_tensor", no_space)
+    with pytest.raises(OSError) as info:
+        save(path, {"w": np.ones(3, np.float32)})
+    assert info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(path)
+    assert str(path) in str(info.value) and "No space left" in str(info.value)
+    assert os.listdir(tmp_path) == []  # no temporary file left behind
+
+
+def test_saving_over_a_file_keeps_its_permissions(tmp_path):
+    path = tmp_path / "private.safetensors"
+    save(path, {"a": jnp.ones(2)})
+    os.chmod(path, 0o600)
+    save(path, {"a": jnp.zeros(2)})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symbolic links")
+def test_saving_through_a_symbolic_link_replaces_its_target(tmp_path):
+    (tmp_path / "runs").mkdir()
+    real = tmp_path / "runs" / "step_100.safetensors"
+    link = tmp_path / "latest.safetensors"
+    save(real, {"a": np.zeros(2, np.float32)})
+    os.chmod(real, 0o640)
+    link.symlink_to(real)
+    save(link, {"a": np.ones(2, np.float32)})
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert load(real, {"a": np.zeros(2, np.float32)})["a"].tolist() == [1.0, 1.0]
+    assert stat.S_IMODE(os.stat(real).st_mode) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["latest.safetensors", "runs"]
+    assert os.listdir(tmp_path / "runs") == ["step_100.safetensors"]
+    # A dangling link gets its target created, as open(link, "wb") would.
+    dangling = tmp_path / "next.safetensors"
+    dangling.symlink_to(tmp_path / "runs" / "step_200.safetensors")
+    save(dangling, {"a": np.ones(2, np.float32)})
+    assert dangling.is_symlink()
+    assert (tmp_path / "runs" / "step_200.safetensors").is_file()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import autostatic._checkpoint as ckpt
+
+    original = ckpt._write_tensor
+
+    def write_then_hang(f, key, leaf, nbytes):
+        original(f, key, leaf, nbytes)
+        f.flush()
+        print("writing", flush=True)
+        time.sleep(600)  # killed here, in the middle of the save
+
+    ckpt._write_tensor = write_then_hang
+    ckpt.save(sys.argv[1], {"a": np.ones(1 << 20, np.float32), "b": np.ones(3, np.float16)})
+    """
+)
+
+
+def _save_in_child(path: Path) -> subprocess.Popen:
+    """A process that is in the middle of saving to `path` (its temporary file exists
+    and is partly written) when this returns."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "writing\n"
+    return child
+
+
+def _temps(folder: Path) -> list[str]:
+    return [name for name in os.listdir(folder) if name.endswith(".tmp")]
+
+
+@pytest.mark.skipif(ckpt.fcntl is None, reason="needs POSIX advisory locks")
+def test_a_save_after_a_killed_save_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    for _ in range(2):
+        child = _save_in_child(path)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert len(_temps(tmp_path)) == 2  # what the killed saves left
+    assert all(os.path.getsize(tmp_path / name) >= 4 << 20 for name in _temps(tmp_path))
+    save(path, {"a": np.zeros(2, np.float32)})
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+    assert load(path, {"a": np.ones(2, np.float32)})["a"].tolist() == [0.0, 0.0]
+
+
+@pytest.mark.skipif(ckpt.fcntl is None, reason="needs POSIX advisory locks")
+def test_a_save_in_progress_elsewhere_keeps_its_temporary_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    child = _save_in_child(path)
+    try:
+        (theirs,) = _temps(tmp_path)
+        save(path, {"a": np.zeros(2, np.float32)})  # a concurrent save of the same path
+        assert _temps(tmp_path) == [theirs]  # still locked by a live save: kept
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    save(path, {"a": np.zeros(2, np.float32)})
+    assert os.listdir(tmp_path) == ["m.safetensors"]
