@@ -324,16 +324,17 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def read_array(
-    source: Source, offset: int, shape: tuple[int, ...], dtype: np.dtype, key: str
+    source: Source, offset: int, shape: tuple[int, ...], stored: np.dtype, key: str
 ) -> np.ndarray:
-    """Reads a C-ordered little-endian tensor into a fresh aligned array of `dtype`
-    (native byte order), refusing bytes that are no values of the dtype."""
-    array = _aligned_empty(shape, little_endian(dtype))
+    """Reads a C-ordered tensor whose bytes are `stored` (with its byte order) into a
+    fresh aligned array in native byte order, refusing bytes that are no values of its
+    dtype."""
+    array = _aligned_empty(shape, stored)
     if array.nbytes:
         view = array.reshape(-1).view(np.uint8).data
         source.read_into(offset, view, f"tensor {key!r}")
-    if array.dtype != dtype:
-        array = array.astype(dtype)  # big-endian hosts only
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     problem = invalid_bytes_message(key, array)
     if problem is not None:
         raise CheckpointError(f"{source.name}: {problem}.")
@@ -511,7 +512,8 @@ def load(
         for tensor in sorted(header.tensors.values(), key=lambda t: t.begin):
             index, leaf = wanted[tensor.key]
             offset = header.data_start + tensor.begin
-            array = read_array(source, offset, tensor.shape, tensor.dtype, tensor.key)
+            stored = little_endian(tensor.dtype)
+            array = read_array(source, offset, tensor.shape, stored, tensor.key)
             new_leaves[index] = in_flight.add(place(array, leaf, host))
             del array
         in_flight.wait()

@@ -31,7 +31,14 @@ from ._checkpoint import (
 )
 from ._compat import saved_by_tree_serialise_leaves
 from ._partition import expose, is_dynamic_leaf
-from ._safetensors import CheckpointError, describe, open_source, PathOrFile, show
+from ._safetensors import (
+    CheckpointError,
+    describe,
+    open_source,
+    PathOrFile,
+    show,
+    Source,
+)
 
 _NPY_MAGIC = b"\x93NUMPY"
 _MAX_NPY_HEADER = 10_000  # numpy's own default limit for a header it parses
@@ -112,7 +119,7 @@ def _slots(like: Any) -> list[_Slot]:
 class _Blobs:
     """Reads the `.npy` headers of the file, then blob data on request."""
 
-    def __init__(self, source: Any, limit: int) -> None:
+    def __init__(self, source: Source, limit: int) -> None:
         self.source = source
         self.blobs: list[_Blob] = []
         pos = 0
@@ -167,7 +174,7 @@ class _Blobs:
         return blob
 
     def _parse(
-        self, index: int, offset: int, version: tuple[int, int], text: bytes
+        self, index: int, offset: int, version: tuple[int, int], text: bytearray
     ) -> tuple[tuple[int, ...], bool, np.dtype]:
         read = (
             np.lib.format.read_array_header_1_0

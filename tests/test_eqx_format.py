@@ -181,6 +181,21 @@ def test_load_eqx_checks_shapes_and_the_end_of_the_file(tmp_path):
     assert_same_arrays(load_eqx(io.BytesIO(data), EqxMLP(2, 3, KEY)), model)
 
 
+def test_load_eqx_reads_byte_swapped_and_fortran_ordered_numpy_arrays():
+    tree = {
+        "big": np.arange(3, dtype=">f4"),
+        "fortran": np.asfortranarray(np.arange(6, dtype=np.int32).reshape(2, 3)),
+    }
+    f = io.BytesIO()
+    eqx.tree_serialise_leaves(f, tree)
+    f.seek(0)
+    out = load_eqx(
+        f, {"big": np.zeros(3, np.float32), "fortran": np.zeros((2, 3), np.int32)}
+    )
+    assert out["big"].dtype == np.float32 and out["big"].tolist() == [0.0, 1.0, 2.0]
+    assert out["fortran"].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
 def test_load_eqx_skips_fields_the_automodule_also_declares_static(tmp_path):
     class E(eqx.Module):
         n: int = eqx.field(static=True)
