@@ -13,6 +13,7 @@ same module's method is used again while its bound method (or the list of branch
 is kept.
 """
 
+import functools
 import types
 import weakref
 from collections.abc import Callable
@@ -21,17 +22,45 @@ from typing import Any
 import jax.tree_util as jtu
 
 _object_getattribute = object.__getattribute__
-_NOT_WRAPPED = (staticmethod, classmethod, property, type, types.BuiltinFunctionType)
+
+
+class _DocOfFunction:
+    """`BoundMethod.__doc__`: the function's docstring on an instance (what `help`,
+    `inspect.getdoc` and doctest read), the class's own on the class (`type` passes
+    `None` as the instance when it reads a class's `__doc__`)."""
+
+    def __init__(self, class_doc: str | None):
+        self.class_doc = class_doc
+
+    def __get__(self, instance: Any, owner: type | None = None) -> str | None:
+        if instance is None:
+            return self.class_doc
+        return getattr(_object_getattribute(instance, "__func__"), "__doc__", None)
+
+
+class _ModuleOfFunction(str):
+    """`BoundMethod.__module__`: the function's module on an instance (what
+    `inspect.getmodule` and pydoc read). On the class, `type` returns this object
+    itself without calling `__get__`, so it is the class's module name, a `str`
+    (pickle and `repr` of the class need one)."""
+
+    def __reduce__(self):
+        # Pickled as the plain `str` it equals: pickle writes a class's module name
+        # with `save` (protocols 4, 5), and `STACK_GLOBAL` takes a `str` only.
+        return (str, (str(self),))
+
+    def __get__(self, instance: Any, owner: type | None = None) -> str:
+        if instance is None:
+            return str(self)
+        func = _object_getattribute(instance, "__func__")
+        return getattr(func, "__module__", None) or str(self)
 
 
 class BoundMethod:
-    """`module.method`: calls `__func__(__self__, ...)`; a pytree with child `__self__`.
-
-    Its key paths are `.__self__.<field>`, as for Equinox's bound methods, so
-    `jax.grad` with respect to `module.method` gives gradients for the module.
-    """
+    # (The class docstring is set below: `__doc__` here is the function's docstring.)
 
     __slots__ = ("__func__", "__self__", "__weakref__")
+    __module__ = _ModuleOfFunction(__name__)
 
     def __init__(self, func: Callable[..., Any], module: Any):
         self.__func__ = func
@@ -51,19 +80,51 @@ class BoundMethod:
             and self.__self__ == other.__self__
         )
 
+    def __get__(self, instance: Any, owner: type | None = None) -> "BoundMethod":
+        # Itself, as a bound method stored on a class behaves; having `__get__` makes
+        # it a routine to `inspect.isroutine`, so `help(model.f)`, pydoc and autodoc
+        # tools document it as the method it is.
+        return self
+
     @property
     def __wrapped__(self) -> Callable[..., Any]:
+        # Python's own bound method: `inspect.signature(model.f)` has no `self`.
         return types.MethodType(self.__func__, self.__self__)
 
     def __getattr__(self, name: str) -> Any:
-        # __name__, __qualname__, __doc__, __module__, ... of the function.
-        if name.startswith("__") and name.endswith("__") and name != "__func__":
+        # __name__, __qualname__, __annotations__, ... of the function. Not its
+        # __signature__ (it has `self`): `inspect.signature` then takes `__wrapped__`.
+        if (
+            name.startswith("__")
+            and name.endswith("__")
+            and name not in ("__func__", "__signature__")
+        ):
             return getattr(_object_getattribute(self, "__func__"), name)
         raise AttributeError(name)
 
     def __repr__(self) -> str:
         name = getattr(self.__func__, "__qualname__", repr(self.__func__))
         return f"<bound method {name} of {type(self.__self__).__qualname__}>"
+
+
+BoundMethod.__doc__ = _DocOfFunction(  # pyright: ignore[reportAttributeAccessIssue]  # a descriptor: the function's docstring on instances
+    """`module.method`: calls `__func__(__self__, ...)`; a pytree with child `__self__`.
+
+    Its key paths are `.__self__.<field>`, as for Equinox's bound methods, so
+    `jax.grad` with respect to `module.method` gives gradients for the module. To
+    tools (`inspect`, `help`, doctest) it looks like the method: `__doc__`,
+    `__module__`, `__name__`, `__qualname__` are the function's, and
+    `inspect.signature` gives the signature without `self`.
+    """
+)
+_NOT_WRAPPED = (
+    staticmethod,
+    classmethod,
+    property,
+    type,
+    types.BuiltinFunctionType,
+    BoundMethod,
+)
 
 
 def _flatten_with_keys(method: BoundMethod):
@@ -80,9 +141,15 @@ jtu.register_pytree_with_keys(
 
 class MethodDescriptor:
     """Replaces a method in an AutoModule class body; `instance.name` gives the
-    instance's (cached) `BoundMethod`, `Class.name` the function itself."""
+    instance's (cached) `BoundMethod`, `Class.name` the function itself.
 
-    __slots__ = ("func", "name", "bound")
+    It carries the function's `__module__`, `__name__`, `__qualname__`, `__doc__` and
+    `__wrapped__` (as `functools.update_wrapper` sets them), and is a method
+    descriptor to `inspect.isroutine`: doctest, which walks a class's `__dict__`,
+    finds the method's examples and attributes them to the function's module.
+    """
+
+    __slots__ = ("func", "name", "bound", "__dict__")
 
     def __init__(self, func: Callable[..., Any], name: str):
         self.func = func
@@ -90,6 +157,12 @@ class MethodDescriptor:
         self.bound: weakref.WeakValueDictionary[int, BoundMethod] = (
             weakref.WeakValueDictionary()
         )
+        # What `functools.update_wrapper` does (typed for callables only).
+        for attr in functools.WRAPPER_ASSIGNMENTS:
+            if hasattr(func, attr):
+                setattr(self, attr, getattr(func, attr))
+        self.__dict__.update(getattr(func, "__dict__", {}))
+        self.__wrapped__ = func
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
@@ -108,9 +181,8 @@ class MethodDescriptor:
             self.bound[key] = method
         return method
 
-    @property
-    def __wrapped__(self) -> Callable[..., Any]:
-        return self.func
+    def __repr__(self) -> str:
+        return f"<method descriptor {getattr(self, '__qualname__', self.name)}>"
 
     @property
     def __isabstractmethod__(self) -> bool:
