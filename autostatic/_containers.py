@@ -23,7 +23,10 @@ def format_path(path: ContainerPath) -> str:
     if not path:
         return "this container"
     head, *keys = path
-    return str(head) + "".join(f"[{key!r}]" for key in keys)
+    return str(head) + "".join(
+        f".{key.name}" if isinstance(key, jtu.GetAttrKey) else f"[{key!r}]"  # pyright: ignore[reportAttributeAccessIssue]  # narrowed by isinstance
+        for key in keys
+    )
 
 
 def _refuse(method: str) -> Callable[..., Any]:
@@ -193,6 +196,46 @@ _plain_results(FrozenOrderedDict, OrderedDict)
 _plain_results(FrozenDefaultDict, defaultdict)
 
 
+def as_builtin(value: Any) -> Any:
+    """A shallow copy of a frozen container as the built-in it stands for."""
+    if type(value) is FrozenDefaultDict:
+        return defaultdict(value.default_factory, value)
+    return type(value).__mro__[1](value)
+
+
+def _print_as_builtin(cls: type) -> None:
+    """`repr`, IPython and treescope show a frozen container as the built-in: the
+    model's attribute reads (and compares) like one, and the frozen type is an
+    implementation detail. (Equinox's `tree_pformat` already does.) `list` and `dict`
+    print without their type name already; `set`, `OrderedDict` and `defaultdict`
+    would name the subclass."""
+
+    def __repr__(self: Any) -> str:
+        return repr(as_builtin(self))
+
+    def _repr_pretty_(self: Any, printer: Any, cycle: bool) -> None:
+        printer.pretty(as_builtin(self))  # IPython; a frozen container has no cycle
+
+    def __treescope_repr__(self: Any, path: str | None, subtree_renderer: Any) -> Any:
+        return subtree_renderer(as_builtin(self), path=path)
+
+    methods = {"_repr_pretty_": _repr_pretty_, "__treescope_repr__": __treescope_repr__}
+    if cls.__repr__ not in (list.__repr__, dict.__repr__):
+        methods["__repr__"] = __repr__
+    for name, method in methods.items():
+        setattr(cls, name, method)
+
+
+for frozen_type in (
+    FrozenList,
+    FrozenDict,
+    FrozenSet,
+    FrozenOrderedDict,
+    FrozenDefaultDict,
+):
+    _print_as_builtin(frozen_type)
+
+
 def _list_flatten_with_keys(x: FrozenList):
     return tuple((jtu.SequenceKey(i), v) for i, v in enumerate(x)), x._path
 
@@ -320,10 +363,14 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
     )
 
 
-def freeze(value: Any, path: ContainerPath) -> Any:
+def freeze(
+    value: Any,
+    path: ContainerPath,
+    convert: Callable[[Any, ContainerPath], Any] | None = None,
+) -> Any:
     """Returns `value` with every list, dict (also `OrderedDict`, `defaultdict`) and set
     reachable through built-in containers replaced by its frozen twin. Other objects
-    are returned as they are.
+    are returned as they are, or as `convert(obj, path)` gives them.
 
     Iterative, so a nest is limited by JAX's own flatten (Equinox builds and jits 900
     nested lists), not by Python's recursion limit; a container met again on its own
@@ -333,7 +380,7 @@ def freeze(value: Any, path: ContainerPath) -> Any:
         return FrozenSet(value, path)
     items = _items(value)
     if items is None:
-        return value
+        return value if convert is None else convert(value, path)
     # One entry per container being frozen: (container, path, its items, frozen ones).
     stack = [(value, path, items, [])]
     on_path = {id(value)}
@@ -347,7 +394,7 @@ def freeze(value: Any, path: ContainerPath) -> Any:
                 continue
             sub_items = _items(item)
             if sub_items is None:
-                frozen.append(item)
+                frozen.append(item if convert is None else convert(item, item_path))
                 continue
             if id(item) in on_path:
                 raise _cycle_error(item_path)

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._partition import expose, is_dynamic_leaf, static_equal
+from ._layout import static_equal
+from ._partition import expose, is_dynamic_leaf
 
 logger = logging.getLogger("autostatic")
 

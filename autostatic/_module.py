@@ -8,7 +8,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 from typing_extensions import dataclass_transform
 
-from . import _partition
+from . import _layout, _partition
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._compat import (
     currently_initialising,
@@ -37,8 +37,8 @@ class _AutoModuleMeta(ModuleMeta):
         **kwargs: Any,
     ) -> "_AutoModuleMeta":
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
-        _partition.prepare_class(cls)
-        fields = set(_partition.fields_of(cls).names)
+        _layout.prepare_class(cls)
+        fields = set(_layout.fields_of(cls).names)
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract
         # eqx.Module kept during a migration), are bound as pytree-and-hashable
         # `BoundMethod`s; AutoModule bases did this for their own already.
@@ -63,7 +63,7 @@ class _AutoModuleMeta(ModuleMeta):
         if has_dataclass_init(cls):
             # Equinox flattens these arguments first, and JAX's flatten of a cyclic
             # list ends in a RecursionError that can leave the interpreter unusable.
-            names = _partition.fields_of(cls).names
+            names = _layout.fields_of(cls).names
             for name, arg in (*zip(names, args), *kwargs.items()):
                 check_acyclic(arg, (f"{cls.__qualname__}.{name}",))
         try:
@@ -86,7 +86,7 @@ install_flatten_generator(
 )
 
 
-class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
+class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
     """An `eqx.Module` that decides by itself what is static.
 
     Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
@@ -157,13 +157,13 @@ class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
             # whose body raised AttributeError.
             cls = type(self)
             if name in cls.__dataclass_fields__:
-                attrs = _partition.materialise(self)
+                attrs = _layout.materialise(self)
                 try:
                     return attrs[name]
                 except KeyError:
                     pass
                 try:
-                    return _partition.fields_of(cls).defaults[name]
+                    return _layout.fields_of(cls).defaults[name]
                 except KeyError:
                     pass
             else:
@@ -184,4 +184,4 @@ class AutoModule(eqx.Module, _partition.Partitioned, metaclass=_AutoModuleMeta):
         )
 
     def __reduce__(self):
-        return _partition.reduce(self)
+        return _layout.reduce(self)

@@ -19,7 +19,9 @@ from typing import Any
 import jax.tree_util as jtu
 
 from ._compat import original_inference_mode, original_tree_at, route_surgery
-from ._partition import expose, is_automodule, is_dynamic_leaf, refreeze
+from ._layout import is_automodule
+from ._partition import expose, is_dynamic_leaf, refreeze
+from ._twins import freeze_and_twin, is_twin
 
 _sentinel: Any = object()
 
@@ -30,6 +32,14 @@ def _contains_automodule(tree: Any) -> bool:
 
 def _arrays_only(tree: Any) -> bool:
     return all(map(is_dynamic_leaf, jtu.tree_leaves(tree)))
+
+
+def _targets_twins(where: Callable[[Any], Any], pytree: Any) -> bool:
+    try:
+        targets = where(pytree)
+    except Exception:  # Equinox's own call reports a malformed `where`
+        return False
+    return any(map(is_twin, jtu.tree_leaves(targets, is_leaf=is_twin)))
 
 
 def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
@@ -69,11 +79,17 @@ def _routed_tree_at(
     """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules and
     a target is static or a replacement is not arrays only; then `tree_at`."""
     arrays_only = replace is _sentinel or _arrays_only(replace)
+    if replace is not _sentinel and _targets_twins(where, pytree):
+        # Inside an AutoModule, layers are twins: a new layer must be one too, or the
+        # structure would differ from a freshly built model's (and retrace).
+        replace = freeze_and_twin(replace, ("replacement",))
     user_replace_fn = replace_fn
 
     def checked_replace_fn(node: Any) -> Any:
         nonlocal arrays_only
         new = user_replace_fn(node)
+        if is_twin(node):
+            new = freeze_and_twin(new, ("replacement",))
         arrays_only = arrays_only and _arrays_only(new)
         return new
 

@@ -5,7 +5,10 @@
 - aux comparison: the flat `tuple` subclass `Aux` vs a plain tuple vs a `NamedTuple`
   with the static values nested (what JAX's treedef `==` runs on a jit cache lookup);
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
-  `eqx.Module` and by an `AutoModule`, for an array and for a sub-module target.
+  `eqx.Module` and by an `AutoModule`, for an array and for a sub-module target;
+- tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
+  AutoModule (whose layers become fast twins) vs `eqx.Module` with the activation
+  marked static vs the same arrays in dicts (the floor).
 """
 
 from typing import Any, NamedTuple
@@ -16,7 +19,7 @@ import jax.numpy as jnp
 
 import autostatic as asx
 from autostatic._compat import original_tree_at
-from autostatic._partition import Aux
+from autostatic._layout import Aux
 
 from .timing import paired_ratio, run_interleaved
 
@@ -100,6 +103,66 @@ def routed_tree_at(rounds: int = 15) -> None:
             )
 
 
+class _EqxLinears(eqx.Module):
+    layers: list
+    activation: Any = eqx.field(static=True)
+
+
+class _AutoLinears(asx.AutoModule):
+    layers: list
+    activation: Any
+
+
+def _read_layers(model: Any) -> None:
+    for layer in model.layers:
+        layer.weight, layer.bias  # noqa: B018  # the reads are what is timed
+
+
+def _read_dicts(tree: Any) -> None:
+    for layer in tree["layers"]:
+        layer["weight"], layer["bias"]  # the reads are what is timed
+
+
+def linear_256(rounds: int = 20) -> None:
+    keys = jax.random.split(jax.random.key(0), 256)
+    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
+    trees = {
+        "eqx.Module": (_EqxLinears(layers, jax.nn.relu), _read_layers),
+        "AutoModule": (_AutoLinears(layers, jax.nn.relu), _read_layers),
+        "dict": (
+            {"layers": [{"weight": x.weight, "bias": x.bias} for x in layers]},
+            _read_dicts,
+        ),
+    }
+    cells = {}
+    for name, (tree, read) in trees.items():
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        rebuilt = jax.tree_util.tree_unflatten(treedef, leaves)
+        cells[("flatten", name)] = lambda t=tree: jax.tree_util.tree_flatten(t)
+        cells[("unflatten", name)] = lambda d=treedef, x=leaves: (
+            jax.tree_util.tree_unflatten(d, x)
+        )
+        cells[("read every attribute", name)] = lambda r=read, t=rebuilt: r(t)
+        cells[("unflatten + read", name)] = lambda r=read, d=treedef, x=leaves: r(
+            jax.tree_util.tree_unflatten(d, x)
+        )
+    samples = run_interleaved(
+        {f"{op} | {name}": fn for (op, name), fn in cells.items()}, rounds
+    )
+    print(
+        "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module (static activation) | / dict"
+    )
+    for op in ("flatten", "unflatten", "read every attribute", "unflatten + read"):
+        ours = samples[f"{op} | AutoModule"]
+        vs_eqx = paired_ratio(ours, samples[f"{op} | eqx.Module"])
+        vs_dict = paired_ratio(ours, samples[f"{op} | dict"])
+        print(
+            f"  {op}: {vs_eqx['median']:.2f}x (IQR {vs_eqx['q1']:.2f}-{vs_eqx['q3']:.2f})"
+            f" | {vs_dict['median']:.2f}x"
+        )
+
+
 if __name__ == "__main__":
     aux_comparison()
     routed_tree_at()
+    linear_256()

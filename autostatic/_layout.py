@@ -1,0 +1,456 @@
+"""How a node's partition is stored and read back: the layout module of AutoModule.
+
+Each AutoModule (and each twin of an Equinox layer, `_twins`) keeps `(children, aux)`
+in the slot of `Partitioned`, so flattening is one slot read, and unflattening only
+creates the instance and fills that slot; the attributes are filled in from it on
+first access (`materialise`). `_partition` decides what goes where; this module owns
+the formats: the per-class `FieldSpec`, the interned `Layout` (which field is which
+kind), the aux tuple `Aux`, and `StaticLeaf`, the wrapper of a non-array leaf inside
+a child.
+"""
+
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple
+
+import jax.tree_util as jtu
+
+# The kind of a field, decided per instance at the end of construction.
+DYNAMIC: Final = 0  # every leaf is an array (or it has no leaves): a child
+STATIC: Final = 1  # no leaf is an array: a static value in the aux data
+MIXED: Final = 2  # both: a child whose non-array leaves are `StaticLeaf`s
+# Static, but its `==` runs in Python (and may raise), so the value sits in a
+# `StaticLeaf` that names the attribute if the comparison fails (see `Aux`).
+STATIC_COMPARED_IN_PYTHON: Final = 3
+CHILD_KINDS: Final = (DYNAMIC, MIXED)
+
+_object_getattribute = object.__getattribute__
+_object_setattr = object.__setattr__
+_object_new = object.__new__
+
+
+class FieldSpec(NamedTuple):
+    """What the class declares about its fields, fixed when the class is created."""
+
+    names: tuple[str, ...]
+    declared_static: tuple[bool, ...]  # `eqx.field(static=True)`
+    defaults: dict[str, Any]  # dataclass defaults, moved off the class
+    # A twin of an Equinox layer (`_twins`): its static fields are the declared ones
+    # and every other field is a child as it is, as Equinox flattens it.
+    equinox_partition: bool
+
+
+_SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
+
+
+def fields_of(cls: type) -> FieldSpec:
+    return getattr(cls, _SPEC)
+
+
+def is_automodule_class(cls: type) -> bool:
+    """An AutoModule class (not a twin of an Equinox layer)."""
+    spec = getattr(cls, _SPEC, None)
+    return spec is not None and not spec.equinox_partition
+
+
+def is_automodule(x: Any) -> bool:
+    return is_automodule_class(type(x))
+
+
+def prepare_class(cls: type, *, equinox_partition: bool = False) -> None:
+    """Records the fields of a new AutoModule class and moves its dataclass defaults
+    off the class: a lazily unflattened instance fills its attributes in through
+    `__getattr__`, which a class attribute of the same name would shadow."""
+    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
+    for name in moved_defaults(cls):
+        delattr(cls, name)
+    spec = FieldSpec(
+        names=tuple(f.name for f in fields),
+        declared_static=tuple(bool(f.metadata.get("static", False)) for f in fields),
+        defaults={
+            f.name: f.default for f in fields if f.default is not dataclasses.MISSING
+        },
+        equinox_partition=equinox_partition,
+    )
+    setattr(cls, _SPEC, spec)
+
+
+class Layout:
+    """Which field is which kind, shared by every instance of a class with that split."""
+
+    __slots__ = (
+        "cls",
+        "kinds",
+        "child_names",
+        "child_keys",
+        "mixed",
+        "static_names",
+        "compared_in_python",
+        "plain",
+    )
+
+    def __init__(self, cls: type, kinds: tuple[int, ...]):
+        names = [f.name for f in dataclasses.fields(cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
+        child_kinds = [k for k in kinds if k in CHILD_KINDS]
+        static_kinds = [k for k in kinds if k not in CHILD_KINDS]
+        self.cls = cls
+        self.kinds = kinds
+        self.child_names = tuple(n for n, k in zip(names, kinds) if k in CHILD_KINDS)
+        self.child_keys = tuple(jtu.GetAttrKey(n) for n in self.child_names)
+        # Positions among the children / among the static values.
+        self.mixed = tuple(i for i, k in enumerate(child_kinds) if k == MIXED)
+        self.static_names = tuple(
+            n for n, k in zip(names, kinds) if k not in CHILD_KINDS
+        )
+        self.compared_in_python = tuple(
+            i for i, k in enumerate(static_kinds) if k == STATIC_COMPARED_IN_PYTHON
+        )
+        # Children and static values are the attribute values as they are.
+        self.plain = not (self.mixed or self.compared_in_python)
+
+    def __reduce__(self):
+        return (layout_for, (self.cls, self.kinds))
+
+    def __repr__(self) -> str:
+        return (
+            f"Layout({self.cls.__qualname__}, children={self.child_names}, "
+            f"static={self.static_names})"
+        )
+
+
+_layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def layout_for(cls: type, kinds: tuple[int, ...]) -> Layout:
+    per_class = _layouts.setdefault(cls, {})
+    try:
+        return per_class[kinds]
+    except KeyError:
+        # setdefault: threads constructing the first instances at once share one.
+        return per_class.setdefault(kinds, Layout(cls, kinds))
+
+
+class Aux(tuple):
+    """The aux data of an AutoModule node: `(layout, static_types, *static_values)`.
+
+    A flat tuple, so that JAX's treedef comparison (what every jit cache lookup does,
+    as a treedef hash ignores aux data) runs in C: the layout by identity, the static
+    values' types (so that `1`, `1.0` and `True`, equal under `==`, do not share a
+    compiled program), then each static value with `==`. A subclass adds the names
+    without changing that comparison (measured in design.md; a NamedTuple would
+    need the static values nested in a tuple of their own, 13% slower to compare).
+    A static value whose type compares in Python is kept in a `StaticLeaf`, whose
+    `__eq__` names the attribute if the comparison fails.
+    """
+
+    __slots__ = ()
+
+    @property
+    def layout(self) -> Layout:
+        return self[0]
+
+    @property
+    def static_types(self) -> tuple[type, ...]:
+        return self[1]
+
+    @property
+    def static_values(self) -> tuple[Any, ...]:
+        return self[2:]
+
+    def __reduce__(self):
+        # `type(f)` of a function is not picklable, and the types follow from the
+        # values anyway.
+        return (make_aux, (self.layout, self.static_values))
+
+
+def make_aux(layout: Layout, static_values: tuple[Any, ...]) -> Aux:
+    return Aux((layout, tuple(map(type, static_values)), *static_values))
+
+
+def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
+    return TypeError(
+        f"{where}: static values {a!r} and {b!r} cannot be compared with == "
+        f"({type(err).__name__}: {err}). JAX compares static values to decide whether "
+        "a compiled function can be reused. Give the value's type a boolean __eq__, or "
+        "store the data as a jax/numpy array so that it becomes dynamic."
+    )
+
+
+def static_equal(a: Any, b: Any) -> bool:
+    """Static values as the jit cache compares them: same type, then `==`."""
+    return a is b or (type(a) is type(b) and bool(a == b))
+
+
+class StaticLeaf:
+    """A non-array leaf of a mixed field: an empty pytree node carrying the value.
+
+    Its own aux data is the node itself, so unflattening returns the same object and
+    the value stays identical (`is`) through any tree_map.
+    """
+
+    __slots__ = ("value", "where")
+
+    def __init__(self, value: Any, where: str):
+        self.value = value
+        self.where = where
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not StaticLeaf:
+            return False
+        a, b = self.value, other.value
+        try:
+            return static_equal(a, b)
+        except Exception as err:
+            raise _uncomparable(self.where, a, b, err) from err
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"StaticLeaf({self.value!r})"
+
+
+jtu.register_pytree_node(StaticLeaf, lambda s: ((), s), lambda s, _: s)
+
+
+def _is_static_leaf(x: Any) -> bool:
+    return type(x) is StaticLeaf
+
+
+def _unwrap(x: Any) -> Any:
+    return x.value if type(x) is StaticLeaf else x
+
+
+def map_preserving(node: Any, fn: Any, is_leaf: Any = None, path: str = "") -> Any:
+    """`tree_map` with key paths that rebuilds only the nodes above a changed leaf.
+
+    Every untouched sub-node stays the very same object, so the attribute value and the
+    pytree child share them and `eqx.tree_at`, which finds nodes by identity, can
+    address a sub-node of a mixed attribute (`m.layers[-1]`). Iterative, so nesting
+    is limited by JAX's flatten, not by Python's recursion limit.
+    """
+
+    def visit(x: Any, x_path: str) -> tuple[bool, Any]:
+        """(True, new value) for a leaf; (False, (treedef, key/child pairs)) for a node."""
+        if is_leaf is not None and is_leaf(x):
+            return True, fn(x, x_path)
+        pairs, treedef = jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+        if jtu.treedef_is_leaf(treedef):
+            # A leaf, or a node without children (None, (), a field-less Module such
+            # as a StateIndex's sentinel), which stays a node: wrapping it would give
+            # the same value two structures, before and after `make_with_state`.
+            return True, fn(x, x_path) if treedef.num_leaves else x
+        return False, (treedef, pairs)
+
+    done, result = visit(node, path)
+    if done:
+        return result
+    # One entry per node being rebuilt: (node, path, treedef, pairs, new children).
+    stack: list[tuple[Any, str, Any, list[tuple[Any, Any]], list[Any]]]
+    stack = [(node, path, *result, [])]
+    while True:
+        x, x_path, treedef, pairs, new = stack[-1]
+        if len(new) < len(pairs):
+            key, child = pairs[len(new)]
+            child_path = x_path + jtu.keystr(key)
+            done, result = visit(child, child_path)
+            if done:
+                new.append(result)
+            else:
+                stack.append((child, child_path, *result, []))
+            continue
+        stack.pop()
+        if all(a is b for a, (_, b) in zip(new, pairs)):
+            rebuilt = x
+        else:
+            rebuilt = jtu.tree_unflatten(treedef, new)
+        if not stack:
+            return rebuilt
+        stack[-1][4].append(rebuilt)
+
+
+def unwrap_static_leaves(child: Any) -> Any:
+    return map_preserving(child, lambda x, _: _unwrap(x), _is_static_leaf)
+
+
+class Partitioned:
+    """The base that gives AutoModule instances the slot holding `(children, aux)`."""
+
+    __slots__ = ("_autostatic_flat",)
+
+
+_get_flat = Partitioned._autostatic_flat.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
+_set_flat = Partitioned._autostatic_flat.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
+
+
+def set_partition(obj: Any, flat: tuple[tuple[Any, ...], Aux]) -> None:
+    """Stores `(children, aux)` of a node whose partition has been decided."""
+    _set_flat(obj, flat)
+
+
+def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
+    # Lazy: the attributes are filled in from `(children, aux)` on first access
+    # (`materialise`), because unflattening runs once per node of every tree_map, and
+    # intermediate trees (gradients, optimiser updates, in_axes specs) are mostly
+    # never looked into.
+    obj = _object_new(cls)
+    _set_flat(obj, (children, aux))
+    return obj
+
+
+def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
+    """For classes on which a field name resolves through a base (see `needs_eager`)."""
+    obj = unflatten(cls, aux, children)
+    materialise(obj)
+    return obj
+
+
+def filled_unflatten(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
+    """An unflatten for nodes of `layout` that fills the attributes in at once, as
+    Equinox's generated unflatten does; generated for the layout's field names, so
+    that each attribute is one dict store (no loop, no `zip`)."""
+    stores = [
+        f"    attrs[{n!r}] = children[{i}]" for i, n in enumerate(layout.child_names)
+    ]
+    stores += [
+        f"    attrs[{n!r}] = aux[{i + 2}]" for i, n in enumerate(layout.static_names)
+    ]
+    source = "\n".join(
+        [
+            "def unflatten(cls, aux, children):",
+            "    obj = new(cls)",
+            "    set_flat(obj, (children, aux))",
+            "    attrs = get_attribute(obj, '__dict__')",
+            *stores,
+            "    return obj",
+        ]
+    )
+    namespace = {
+        "new": _object_new,
+        "set_flat": _set_flat,
+        "get_attribute": _object_getattribute,
+    }
+    exec(compile(source, f"<autostatic unflatten of {layout!r}>", "exec"), namespace)
+    return namespace["unflatten"]
+
+
+Flatten = tuple[tuple[Any, ...], Aux]
+
+
+def flatten_functions(
+    cls: type,
+    provisional: Callable[[Any], Flatten],
+    *,
+    fixed_kinds: tuple[int, ...] | None = None,
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """Flatten, flatten-with-keys and unflatten for the new class `cls`.
+
+    Flatten reads the slot; an instance flattened before its partition was stored
+    (from inside its own `__init__` or `__check_init__`) gets `provisional(obj)`.
+    Unflatten is lazy, unless a base shadows a field (`needs_eager`). A class whose
+    every instance has the same kinds (`fixed_kinds`: a twin of an Equinox layer)
+    gets an unflatten generated for that layout, which fills the attributes in.
+    """
+
+    def flatten(obj: Any) -> Flatten:
+        try:
+            return _get_flat(obj)
+        except AttributeError:
+            return provisional(obj)
+
+    def flatten_with_keys(obj: Any) -> tuple[tuple[tuple[Any, Any], ...], Aux]:
+        children, aux = flatten(obj)
+        return tuple(zip(aux.layout.child_keys, children)), aux
+
+    if fixed_kinds is not None:
+        return (
+            flatten,
+            flatten_with_keys,
+            filled_unflatten(layout_for(cls, fixed_kinds)),
+        )
+    return (
+        flatten,
+        flatten_with_keys,
+        unflatten_eager if needs_eager(cls) else unflatten,
+    )
+
+
+def moved_defaults(cls: type) -> set[str]:
+    """The fields whose dataclass default sits on `cls` itself; `prepare_class` moves
+    them off the class, so that they cannot shadow unfilled fields. A default that
+    overrides a base's attribute of that name (`size: int = 3` over an abstract
+    property) stays, as in Equinox: moving it would bring the base's back, and such
+    a class fills attributes in at unflatten (`needs_eager`)."""
+    inherited = {name for base in cls.__mro__[1:] for name in vars(base)}
+    return {
+        f.name
+        for f in dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
+        if f.default is not dataclasses.MISSING
+        and vars(cls).get(f.name) is f.default
+        and f.name not in inherited
+    }
+
+
+def needs_eager(cls: type) -> bool:
+    """Whether a field name of `cls` still resolves on the class once its own defaults
+    have moved (a non-AutoModule base's default, a parent's method of that name): it
+    would shadow a lazily unflattened instance's empty `__dict__`."""
+    moved = moved_defaults(cls)
+    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
+    return any(
+        f.name in vars(klass)
+        for klass in cls.__mro__
+        for f in fields
+        if not (klass is cls and f.name in moved)
+    )
+
+
+def _unflattened_attrs(children: tuple[Any, ...], aux: Aux) -> dict[str, Any]:
+    layout = aux.layout
+    attrs = dict(zip(layout.static_names, aux.static_values))
+    for i in layout.compared_in_python:
+        name = layout.static_names[i]
+        attrs[name] = attrs[name].value
+    if layout.mixed:
+        values = list(children)
+        for i in layout.mixed:
+            values[i] = unwrap_static_leaves(values[i])
+        attrs.update(zip(layout.child_names, values))
+    else:
+        attrs.update(zip(layout.child_names, children))
+    return attrs
+
+
+def materialise(obj: Any) -> dict[str, Any]:
+    """Returns the `__dict__` of `obj` with every field filled in."""
+    attrs = _object_getattribute(obj, "__dict__")
+    names = fields_of(type(obj)).names
+    # Filled in already, unless the first field is missing: other entries (e.g. from
+    # `functools.cached_property`) may have arrived first.
+    if names and names[0] not in attrs:
+        try:
+            children, aux = _get_flat(obj)
+        except AttributeError:  # still in __init__, before anything was assigned
+            return attrs
+        # One `update` from a complete dict: another thread reading the instance
+        # at the same time sees either no field or every field, never a
+        # half-filled instance or a `StaticLeaf`.
+        attrs.update(_unflattened_attrs(children, aux))
+    return attrs
+
+
+def reduce(obj: Any) -> tuple[Any, ...]:
+    """`__reduce__` for copy and pickle: the class, the fields and the partition."""
+    return (restore, (type(obj), dict(materialise(obj)), _get_flat(obj)))
+
+
+def restore(cls: type, attrs: dict[str, Any], flat: tuple[tuple[Any, ...], Aux]) -> Any:
+    obj = _object_new(cls)
+    _object_getattribute(obj, "__dict__").update(attrs)
+    _set_flat(obj, flat)
+    return obj

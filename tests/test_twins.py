@@ -1,0 +1,204 @@
+"""The fast twins of `eqx.nn` layers held by AutoModules (issue 11): what must not
+change compared with the same model written as an `eqx.Module`."""
+
+import copy
+import pickle
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autostatic as asx
+
+from .helpers import array_keystrs, keystrs, TraceCounter
+
+KEY = jax.random.key(0)
+
+
+def halve(x):  # a plain function: picklable, unlike jnp.tanh
+    return x / 2
+
+
+class Block(asx.AutoModule):
+    attention: eqx.nn.MultiheadAttention
+    norm: eqx.nn.LayerNorm
+    mlp: eqx.nn.MLP
+    stack: list  # mixed: layers, a function, a Dropout
+    sizes: list
+
+    def __init__(self, key):
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        self.attention = eqx.nn.MultiheadAttention(2, 8, key=k1)
+        self.norm = eqx.nn.LayerNorm(8)
+        self.mlp = eqx.nn.MLP(8, 8, 16, 1, key=k2)
+        self.stack = [
+            eqx.nn.Linear(8, 8, key=k3),
+            jax.nn.relu,
+            eqx.nn.Sequential([eqx.nn.Linear(8, 8, key=k4), eqx.nn.Lambda(halve)]),
+            eqx.nn.Dropout(0.1),
+        ]
+        self.sizes = [8, 8]
+
+    def __call__(self, x, key=None):
+        x = self.norm(x + self.attention(x[None], x[None], x[None])[0])
+        x = jax.vmap(self.mlp)(x[None])[0]
+        for layer in self.stack[:3]:
+            x = layer(x)
+        return self.stack[3](x, key=key, inference=key is None)
+
+
+class EqxBlock(eqx.Module):
+    attention: eqx.nn.MultiheadAttention
+    norm: eqx.nn.LayerNorm
+    mlp: eqx.nn.MLP
+    stack: list
+    sizes: list = eqx.field(static=True)
+
+    __init__ = Block.__init__
+    __call__ = Block.__call__
+
+
+def _layers(model):
+    return [model.attention, model.norm, model.mlp, model.stack[0], model.stack[2]]
+
+
+def test_layers_are_twins_that_equinox_code_accepts():
+    model = Block(KEY)
+    for layer, cls in zip(
+        _layers(model),
+        [
+            eqx.nn.MultiheadAttention,
+            eqx.nn.LayerNorm,
+            eqx.nn.MLP,
+            eqx.nn.Linear,
+            eqx.nn.Sequential,
+        ],
+    ):
+        assert isinstance(layer, cls) and type(layer) is not cls
+        assert type(layer).__name__ == cls.__name__
+    assert isinstance(model.stack[2].layers[0], eqx.nn.Linear)  # nested layers too
+    assert isinstance(model.attention.query_proj, eqx.nn.Linear)
+    assert repr(model.stack[0]).startswith("Linear(")
+    assert eqx.tree_pformat(model) == eqx.tree_pformat(EqxBlock(KEY)).replace(
+        "EqxBlock", "Block"
+    )
+
+
+def test_key_paths_leaves_and_results_match_the_eqx_module():
+    model, ref = Block(KEY), EqxBlock(KEY)
+    # Equinox's non-array leaves (Dropout.p, the MLP's activations) are static here.
+    assert keystrs(model) == array_keystrs(ref)
+    ref_arrays = [x for x in jax.tree_util.tree_leaves(ref) if eqx.is_array(x)]
+    for a, b in zip(jax.tree_util.tree_leaves(model), ref_arrays, strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = jax.random.normal(jax.random.key(1), (8,))
+    np.testing.assert_allclose(
+        jax.jit(lambda m, x: m(x))(model, x),
+        eqx.filter_jit(lambda m, x: m(x))(ref, x),
+        rtol=1e-6,
+    )
+    grads = jax.grad(lambda m: jnp.sum(m(x)))(model)
+    ref_grads = eqx.filter_grad(lambda m: jnp.sum(m(x)))(ref)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref_grads)
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_separately_built_models_share_one_trace():
+    counter = TraceCounter(lambda m, x: m(x))
+    f = jax.jit(counter)
+    x = jnp.ones(8)
+    f(Block(KEY), x)
+    f(Block(jax.random.key(2)), x)
+    f(jax.tree_util.tree_map(lambda a: a * 2, Block(KEY)), x)
+    assert counter.count == 1
+
+
+def test_eqx_tree_at_on_sub_layers_and_their_arrays():
+    model = Block(KEY)
+    new = eqx.nn.Linear(8, 8, key=jax.random.key(3))
+    swapped = eqx.tree_at(lambda m: m.stack[0], model, new)
+    assert jnp.array_equal(swapped.stack[0].weight, new.weight)
+    assert jax.tree_util.tree_structure(swapped) == jax.tree_util.tree_structure(model)
+    inner = eqx.tree_at(lambda m: m.stack[2].layers[0].bias, model, jnp.zeros(8))
+    assert jnp.array_equal(inner.stack[2].layers[0].bias, jnp.zeros(8))
+    nested = eqx.tree_at(
+        lambda m: m.attention.query_proj, model, replace_fn=lambda layer: layer
+    )
+    assert jax.tree_util.tree_structure(nested) == jax.tree_util.tree_structure(model)
+    p = eqx.tree_at(lambda m: m.stack[3].p, model, 0.5)
+    assert p.stack[3].p == 0.5 and keystrs(p) == keystrs(model)
+
+
+def test_stateful_layers_with_make_with_state():
+    class Normed(asx.AutoModule):
+        linear: eqx.nn.Linear
+        norm: eqx.nn.BatchNorm
+
+        def __init__(self, key):
+            self.linear = eqx.nn.Linear(3, 3, key=key)
+            self.norm = eqx.nn.BatchNorm(3, "batch", mode="batch")
+
+    model, state = eqx.nn.make_with_state(Normed)(KEY)
+    assert isinstance(model.norm, eqx.nn.BatchNorm)
+    run = jax.jit(
+        jax.vmap(
+            lambda m, x, s: m.norm(m.linear(x), s),
+            in_axes=(None, 0, None),
+            out_axes=(0, None),
+            axis_name="batch",
+        )
+    )
+    out, state = run(model, jnp.ones((4, 3)), state)
+    assert out.shape == (4, 3)
+    inf = eqx.nn.inference_mode(model)
+    assert inf.norm.inference and isinstance(inf.norm, eqx.nn.BatchNorm)
+
+
+class Stack(asx.AutoModule):
+    layers: list
+
+
+@pytest.mark.parametrize(
+    "roundtrip",
+    [copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
+    ids=["copy", "deepcopy", "pickle"],
+)
+def test_copy_and_pickle_keep_twins(roundtrip):
+    # jax.nn.relu and jnp.tanh cannot be pickled or deep-copied to themselves.
+    k1, k2 = jax.random.split(KEY)
+    model = Stack(
+        [
+            eqx.nn.Linear(4, 4, key=k1),
+            halve,
+            eqx.nn.Sequential([eqx.nn.Linear(4, 4, key=k2), eqx.nn.Lambda(halve)]),
+            eqx.nn.Dropout(0.1),
+            eqx.nn.LayerNorm(4),
+        ]
+    )
+    other = roundtrip(model)
+    assert jax.tree_util.tree_structure(other) == jax.tree_util.tree_structure(model)
+    assert type(other.layers[0]) is type(model.layers[0])
+    layer = roundtrip(model.layers[0])  # a twin on its own, by its layer class
+    assert type(layer) is type(model.layers[0])
+    assert jnp.array_equal(layer.weight, model.layers[0].weight)
+
+
+def test_a_twin_called_as_a_class_builds_a_working_layer():
+    twin_cls = type(Block(KEY).stack[0])
+    layer = twin_cls(3, 2, key=KEY)
+    assert keystrs(layer) == [".weight", ".bias"]
+    assert jax.jit(lambda lin, x: lin(x))(layer, jnp.ones(3)).shape == (2,)
+
+
+def test_layers_outside_an_automodule_stay_equinox_s():
+    linear = eqx.nn.Linear(2, 2, key=KEY)
+    model = Block(KEY)
+    assert type(linear) is eqx.nn.Linear  # building a model does not touch its inputs
+    assert type(model.stack[0]) is not eqx.nn.Linear
+    # eqx.tree_equal compares structures, and a twin is another class:
+    assert not eqx.tree_equal(model.stack[0], eqx.nn.Linear(8, 8, key=KEY))
+    assert eqx.tree_equal(model, Block(KEY))
