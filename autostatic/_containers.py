@@ -23,10 +23,7 @@ def format_path(path: ContainerPath) -> str:
     if not path:
         return "this container"
     head, *keys = path
-    return str(head) + "".join(
-        f".{key.name}" if isinstance(key, jtu.GetAttrKey) else f"[{key!r}]"  # pyright: ignore[reportAttributeAccessIssue]  # narrowed by isinstance
-        for key in keys
-    )
+    return str(head) + "".join(f"[{key!r}]" for key in keys)
 
 
 def _refuse(method: str) -> Callable[..., Any]:
@@ -363,14 +360,10 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
     )
 
 
-def freeze(
-    value: Any,
-    path: ContainerPath,
-    convert: Callable[[Any, ContainerPath], Any] | None = None,
-) -> Any:
+def freeze(value: Any, path: ContainerPath) -> Any:
     """Returns `value` with every list, dict (also `OrderedDict`, `defaultdict`) and set
     reachable through built-in containers replaced by its frozen twin. Other objects
-    are returned as they are, or as `convert(obj, path)` gives them.
+    are returned as they are.
 
     Iterative, so a nest is limited by JAX's own flatten (Equinox builds and jits 900
     nested lists), not by Python's recursion limit; a container met again on its own
@@ -380,7 +373,7 @@ def freeze(
         return FrozenSet(value, path)
     items = _items(value)
     if items is None:
-        return value if convert is None else convert(value, path)
+        return value
     # One entry per container being frozen: (container, path, its items, frozen ones).
     stack = [(value, path, items, [])]
     on_path = {id(value)}
@@ -394,7 +387,7 @@ def freeze(
                 continue
             sub_items = _items(item)
             if sub_items is None:
-                frozen.append(item if convert is None else convert(item, item_path))
+                frozen.append(item)
                 continue
             if id(item) in on_path:
                 raise _cycle_error(item_path)
