@@ -23,7 +23,10 @@ def format_path(path: ContainerPath) -> str:
     if not path:
         return "this container"
     head, *keys = path
-    return str(head) + "".join(f"[{key!r}]" for key in keys)
+    return str(head) + "".join(
+        f".{key.name}" if isinstance(key, jtu.GetAttrKey) else f"[{key!r}]"  # pyright: ignore[reportAttributeAccessIssue]  # narrowed by isinstance
+        for key in keys
+    )
 
 
 def _refuse(method: str) -> Callable[..., Any]:
@@ -360,10 +363,14 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
     )
 
 
-def freeze(value: Any, path: ContainerPath) -> Any:
+def freeze(
+    value: Any,
+    path: ContainerPath,
+    convert: Callable[[Any, ContainerPath], Any] | None = None,
+) -> Any:
     """Returns `value` with every list, dict (also `OrderedDict`, `defaultdict`) and set
     reachable through built-in containers replaced by its frozen twin. Other objects
-    are returned as they are.
+    are returned as they are, or as `convert(obj, path)` gives them.
 
     Iterative, so a nest is limited by JAX's own flatten (Equinox builds and jits 900
     nested lists), not by Python's recursion limit; a container met again on its own
@@ -373,7 +380,7 @@ def freeze(value: Any, path: ContainerPath) -> Any:
         return FrozenSet(value, path)
     items = _items(value)
     if items is None:
-        return value
+        return value if convert is None else convert(value, path)
     # One entry per container being frozen: (container, path, its items, frozen ones).
     stack = [(value, path, items, [])]
     on_path = {id(value)}
@@ -387,7 +394,7 @@ def freeze(value: Any, path: ContainerPath) -> Any:
                 continue
             sub_items = _items(item)
             if sub_items is None:
-                frozen.append(item)
+                frozen.append(item if convert is None else convert(item, item_path))
                 continue
             if id(item) in on_path:
                 raise _cycle_error(item_path)
