@@ -10,11 +10,14 @@ a child.
 """
 
 import dataclasses
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
+
+from ._containers import FrozenList
 
 # The kind of a field, decided per instance at the end of construction.
 DYNAMIC: Final = 0  # every leaf is an array (or it has no leaves): a child
@@ -184,18 +187,26 @@ def static_equal(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and bool(a == b))
 
 
+def compares_in_python(value: Any) -> bool:
+    return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
+
+
 class StaticLeaf:
     """A non-array leaf of a mixed field: an empty pytree node carrying the value.
 
-    Its own aux data is the node itself, so unflattening returns the same object and
-    the value stays identical (`is`) through any tree_map.
+    Its aux data, which JAX compares on every jit cache lookup that does not hold the
+    very same treedef, is `(type, value)`: a tuple, compared in C when the value's
+    `==` is (functions, numbers, strings). A value whose `==` runs in Python (and may
+    raise) has the node itself as aux data, whose `__eq__` names the attribute. The
+    value object stays the same (`is`) through any tree_map.
     """
 
-    __slots__ = ("value", "where")
+    __slots__ = ("value", "where", "aux")
 
     def __init__(self, value: Any, where: str):
         self.value = value
         self.where = where
+        self.aux = self if compares_in_python(value) else (type(value), value)
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -211,11 +222,19 @@ class StaticLeaf:
     def __hash__(self) -> int:
         return 0
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The aux holds `type(value)`, and `<class 'function'>` cannot be pickled.
+        return (StaticLeaf, (self.value, self.where))
+
     def __repr__(self) -> str:
         return f"StaticLeaf({self.value!r})"
 
 
-jtu.register_pytree_node(StaticLeaf, lambda s: ((), s), lambda s, _: s)
+def _static_leaf_unflatten(aux: Any, _: Any) -> StaticLeaf:
+    return aux if type(aux) is StaticLeaf else StaticLeaf(aux[1], "")
+
+
+jtu.register_pytree_node(StaticLeaf, lambda s: ((), s.aux), _static_leaf_unflatten)
 
 
 def _is_static_leaf(x: Any) -> bool:
@@ -226,8 +245,27 @@ def _unwrap(x: Any) -> Any:
     return x.value if type(x) is StaticLeaf else x
 
 
-def map_preserving(node: Any, fn: Any, is_leaf: Any = None, path: str = "") -> Any:
-    """`tree_map` with key paths that rebuilds only the nodes above a changed leaf.
+# Types found to be pytree leaves (arrays, tracers, functions, numbers): a type's
+# registration does not change once its instances exist, so asking JAX again for
+# every leaf of every unwrap is skipped.
+_leaf_types: set[type] = set()
+
+
+def _sequence_rebuilder(x: Any) -> Callable[[list[Any]], Any] | None:
+    """How to rebuild a list or tuple from new items, without JAX's flatten."""
+    kind = type(x)
+    if kind is FrozenList:
+        return lambda items: FrozenList(items, x._path)
+    if kind is list or kind is tuple:
+        return kind
+    return None
+
+
+def map_preserving(
+    node: Any, fn: Any, is_leaf: Any = None, path: str | None = ""
+) -> Any:
+    """`tree_map` that rebuilds only the nodes above a changed leaf; `fn(leaf, path)`
+    gets the leaf's key path as text, or None when `path` is None (faster).
 
     Every untouched sub-node stays the very same object, so the attribute value and the
     pytree child share them and `eqx.tree_at`, which finds nodes by identity, can
@@ -235,47 +273,58 @@ def map_preserving(node: Any, fn: Any, is_leaf: Any = None, path: str = "") -> A
     is limited by JAX's flatten, not by Python's recursion limit.
     """
 
-    def visit(x: Any, x_path: str) -> tuple[bool, Any]:
-        """(True, new value) for a leaf; (False, (treedef, key/child pairs)) for a node."""
-        if is_leaf is not None and is_leaf(x):
+    def visit(x: Any, x_path: str | None) -> tuple[bool, Any]:
+        """(True, new value) for a leaf; (False, (rebuild, keys, children)) for a
+        node, `keys` being None without paths."""
+        if (is_leaf is not None and is_leaf(x)) or type(x) in _leaf_types:
             return True, fn(x, x_path)
-        pairs, treedef = jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+        rebuild = _sequence_rebuilder(x)
+        if rebuild is not None and x:
+            keys = None if x_path is None else [f"[{i}]" for i in range(len(x))]
+            return False, (rebuild, keys, list(x))
+        if x_path is None:
+            children, treedef = jtu.tree_flatten(x, is_leaf=lambda y: y is not x)
+            keys = None
+        else:
+            pairs, treedef = jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+            keys = [jtu.keystr(k) for k, _ in pairs]
+            children = [c for _, c in pairs]
         if jtu.treedef_is_leaf(treedef):
             # A leaf, or a node without children (None, (), a field-less Module such
             # as a StateIndex's sentinel), which stays a node: wrapping it would give
             # the same value two structures, before and after `make_with_state`.
-            return True, fn(x, x_path) if treedef.num_leaves else x
-        return False, (treedef, pairs)
+            if treedef.num_leaves:
+                _leaf_types.add(type(x))
+                return True, fn(x, x_path)
+            return True, x
+        return False, (lambda items: jtu.tree_unflatten(treedef, items), keys, children)
 
     done, result = visit(node, path)
     if done:
         return result
-    # One entry per node being rebuilt: (node, path, treedef, pairs, new children).
-    stack: list[tuple[Any, str, Any, list[tuple[Any, Any]], list[Any]]]
+    # One entry per node being rebuilt: (node, path, rebuild, keys, children, new).
+    stack: list[tuple[Any, str | None, Any, list[str] | None, list[Any], list[Any]]]
     stack = [(node, path, *result, [])]
     while True:
-        x, x_path, treedef, pairs, new = stack[-1]
-        if len(new) < len(pairs):
-            key, child = pairs[len(new)]
-            child_path = x_path + jtu.keystr(key)
-            done, result = visit(child, child_path)
+        x, x_path, rebuild, keys, children, new = stack[-1]
+        if len(new) < len(children):
+            i = len(new)
+            child_path = None if keys is None or x_path is None else x_path + keys[i]
+            done, result = visit(children[i], child_path)
             if done:
                 new.append(result)
             else:
-                stack.append((child, child_path, *result, []))
+                stack.append((children[i], child_path, *result, []))
             continue
         stack.pop()
-        if all(a is b for a, (_, b) in zip(new, pairs)):
-            rebuilt = x
-        else:
-            rebuilt = jtu.tree_unflatten(treedef, new)
+        rebuilt = x if all(a is b for a, b in zip(new, children)) else rebuild(new)
         if not stack:
             return rebuilt
-        stack[-1][4].append(rebuilt)
+        stack[-1][5].append(rebuilt)
 
 
 def unwrap_static_leaves(child: Any) -> Any:
-    return map_preserving(child, lambda x, _: _unwrap(x), _is_static_leaf)
+    return map_preserving(child, lambda x, _: _unwrap(x), _is_static_leaf, path=None)
 
 
 class Partitioned:

@@ -126,30 +126,32 @@ class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
             a is b for a, b in zip(leaves, other_leaves)
         )
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if self in currently_initialising:
-            if isinstance(value, BoundMethod) and value.__self__ is self:
-                raise ValueError(
-                    f"{type(self).__qualname__}.{name}: {METHOD_IN_INIT_MESSAGE}"
-                )
-            if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
-                eqx.Module.__setattr__(self, name, value)
-                return
-            raise AttributeError(
-                f"{type(self).__qualname__}.{name} is not a declared field. Declare "
-                f"every attribute in the class body, e.g. `{name}: Any` (an annotation "
-                "is enough; AutoModule works out whether it is static)."
-            )
-        if name == "__orig_class__":  # set by typing on `Module[T]()`; harmless
-            object.__setattr__(self, name, value)
-            return
-        raise dataclasses.FrozenInstanceError(
-            f"cannot assign to {type(self).__qualname__}.{name}: AutoModule instances "
-            "are immutable after __init__. Make a modified copy with "
-            f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
-        )
+    # Hidden from type checkers, which would otherwise take every attribute for known
+    # (reading one through `__getattr__`, assigning one through `__setattr__`).
+    if not TYPE_CHECKING:
 
-    if not TYPE_CHECKING:  # else type checkers take every attribute for known
+        def __setattr__(self, name: str, value: Any) -> None:
+            if self in currently_initialising:
+                if isinstance(value, BoundMethod) and value.__self__ is self:
+                    raise ValueError(
+                        f"{type(self).__qualname__}.{name}: {METHOD_IN_INIT_MESSAGE}"
+                    )
+                if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
+                    eqx.Module.__setattr__(self, name, value)
+                    return
+                raise AttributeError(
+                    f"{type(self).__qualname__}.{name} is not a declared field. Declare "
+                    f"every attribute in the class body, e.g. `{name}: Any` (an annotation "
+                    "is enough; AutoModule works out whether it is static)."
+                )
+            if name == "__orig_class__":  # set by typing on `Module[T]()`; harmless
+                object.__setattr__(self, name, value)
+                return
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to {type(self).__qualname__}.{name}: AutoModule instances "
+                "are immutable after __init__. Make a modified copy with "
+                f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
+            )
 
         def __getattr__(self, name: str) -> Any:
             # Reached only when normal lookup fails: a lazily unflattened instance, a

@@ -22,7 +22,6 @@ diagnostics (`expose`, `refreeze`).
 """
 
 import threading
-import types
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -35,6 +34,7 @@ from ._containers import ContainerPath
 from ._layout import (
     Aux,
     CHILD_KINDS,
+    compares_in_python,
     DYNAMIC,
     fields_of,
     Flatten,
@@ -67,10 +67,6 @@ def is_dynamic_leaf(x: Any) -> bool:
     hand-built abstract template the same structure as a real instance.
     """
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-
-def _compares_in_python(value: Any) -> bool:
-    return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
 
 
 def _static_problem(value: Any) -> str | None:
@@ -151,7 +147,7 @@ def _split_field(
                 paths = _leaf_paths(value) if treedef is not None else [""]
             warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}")
     if kind == STATIC:
-        if _compares_in_python(value) or any(map(_compares_in_python, leaves)):
+        if compares_in_python(value) or any(map(compares_in_python, leaves)):
             return STATIC_COMPARED_IN_PYTHON, StaticLeaf(value, where)
         return STATIC, value
 

@@ -45,3 +45,4 @@ Scaled(scale=[1, 2])  # expect: reportArgumentType | arg-type
 Point3(1.0, z="z")  # expect: reportArgumentType | arg-type
 Custom(1).times("k")  # expect: reportArgumentType | arg-type
 Custom(1).plus(1)  # expect: reportAttributeAccessIssue | attr-defined
+Point(x=1.0).w = 2.0  # expect: reportAttributeAccessIssue | attr-defined
