@@ -149,13 +149,27 @@ def provisional_partition(obj: Any) -> Flatten:
     return tuple(children), make_aux(layout, tuple(static_values))
 
 
+# Per type met by `_to_twin`: its layer class if it is a twin, True if it is a layer
+# class to twin, False otherwise (arrays, numbers, functions: most calls).
+_kinds_of_types: dict[type, type | bool] = {}
+
+
+def _kind_of_type(cls: type) -> type | bool:
+    kind = vars(cls).get(_TWIN_OF) or _twinned(cls)
+    _kinds_of_types[cls] = kind
+    return kind
+
+
 def _to_twin(layer: Any, path: ContainerPath) -> Any:
     """`layer` as an instance of its twin, with the layers inside it twinned and its
     containers frozen; other objects as they are."""
     cls = type(layer)
-    twin_of = vars(cls).get(_TWIN_OF)
-    if twin_of is None and not _twinned(cls):
+    kind = _kinds_of_types.get(cls)
+    if kind is None:
+        kind = _kind_of_type(cls)
+    if kind is False:
         return layer
+    twin_of = None if kind is True else kind
     source = materialise(layer) if twin_of else _object_getattribute(layer, "__dict__")
     attrs = {
         name: freeze_and_twin(value, (*path, jtu.GetAttrKey(name)))
