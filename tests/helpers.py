@@ -1,6 +1,9 @@
 """Shared by the tests: the same models written as AutoModule and as eqx.Module for
 side-by-side checks, hypothesis strategies for random nests, and small utilities."""
 
+import random
+import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -228,3 +231,41 @@ def assert_same_arrays(a: Any, b: Any) -> None:
         x, y = np.asarray(la[key]), np.asarray(lb[key])
         assert x.dtype == y.dtype and x.shape == y.shape, key
         assert x.tobytes() == y.tobytes(), key
+
+
+def fuzz_loads(
+    load_bytes: Callable[[bytes], Any],
+    data: bytes,
+    template: Any,
+    mutate: Callable[[bytes, random.Random], bytes],
+    cases: int,
+) -> dict[str, int]:
+    """Loads `cases` seeded mutations of the valid file `data`: each must raise
+    CheckpointError or load the template's shapes and dtypes (flipped data bytes
+    load as changed values: there is no checksum), within 2 s and without allocating
+    much more than the file. Returns how many were refused and loaded."""
+    want = [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(template)]
+    rng = random.Random(0)
+    outcomes = {"refused": 0, "loaded": 0}
+    tracemalloc.start()
+    try:
+        for case in range(cases):
+            mutated = mutate(data, rng)
+            tracemalloc.reset_peak()
+            before, _ = tracemalloc.get_traced_memory()
+            start = time.perf_counter()
+            try:
+                out = load_bytes(mutated)
+            except asx.CheckpointError:
+                outcomes["refused"] += 1
+            else:
+                outcomes["loaded"] += 1
+                got = [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(out)]
+                assert got == want, case
+            _, peak = tracemalloc.get_traced_memory()
+            assert time.perf_counter() - start < 2.0, case
+            assert peak - before < 2 * len(data) + 2**16, (case, peak - before)
+            out = None
+    finally:
+        tracemalloc.stop()
+    return outcomes
