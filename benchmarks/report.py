@@ -561,6 +561,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
         t["status"] = "info: " + t["status"]
         targets.append(t)
+    targets += real_models_targets(results.get("real_models"))
     return targets
 
 
@@ -586,6 +587,153 @@ def targets_section(targets: list[dict[str, Any]]) -> list[str]:
     ]
     lines += table(["target", "on", "status", "measured", "note"], rows, "lllll")
     return lines + [""]
+
+
+# --------------------------------------------------------------------------------------
+# Real models (`benchmarks/real_models.py`): eqx.nn layers inside user modules.
+# --------------------------------------------------------------------------------------
+
+_REAL_IMPLS = ("autostatic", "eqx-static", "eqx-filter")
+
+
+def _real_cell(stat: dict[str, Any] | None) -> str:
+    if not stat:
+        return "-"
+    if "fails" in stat:
+        return "fails"
+    return fmt_time_us(stat["median"])
+
+
+def real_models_section(real: dict[str, Any]) -> list[str]:
+    lines = [
+        "### Real models: eqx.nn layers inside user modules, median µs "
+        "(paired ratios of autostatic, IQR)",
+        "",
+        f"`autostatic` and `eqx-static` are called with `jax.jit`, `eqx-filter` with "
+        f"`eqx.filter_jit`; the `dispatch, all eqx.filter_jit` row calls all three with "
+        f"`eqx.filter_jit`. {real.get('build_note', '')}.",
+        "",
+    ]
+    rows, notes = [], []
+    for name, res in real["models"].items():
+        for op, label in real["ops"].items():
+            stats = res["ops_us"].get(op, {})
+            ratios = res["ratios"].get(op, {})
+            rows.append(
+                [f"{name} ({res['rounds']} rounds)" if op == "build" else "", label]
+                + [_real_cell(stats.get(impl)) for impl in _REAL_IMPLS]
+                + [fmt_ratio(ratios.get(ref), iqr=True) for ref in _REAL_IMPLS[1:]]
+            )
+            for impl in _REAL_IMPLS:
+                if "fails" in stats.get(impl, {}):
+                    notes.append(
+                        f"* {name}, {label}, `{impl}` fails: {stats[impl]['fails']}"
+                    )
+        floor = [
+            f"{label} {fmt_time_us(res['ops_us'][op]['dict']['median'], True)} "
+            f"(autostatic {fmt_ratio(res['ratios'][op].get('dict'), iqr=True)})"
+            for op, label in real["ops"].items()
+            if "dict" in res["ops_us"].get(op, {})
+        ]
+        if floor:
+            notes.append(f"* {name}, `dict` floor: " + "; ".join(floor))
+        unequal = [i for i, v in res["info"].items() if not v.get("treedefs_equal")]
+        if unequal:
+            notes.append(
+                f"* {name}: **treedefs of two equal models differ**: {unequal}"
+            )
+    lines += table(
+        ["model", "op"]
+        + [f"{impl} µs" for impl in _REAL_IMPLS]
+        + [f"vs {ref}" for ref in _REAL_IMPLS[1:]],
+        rows,
+        "llrrrrr",
+    )
+    return lines + [""] + notes + ([""] if notes else [])
+
+
+# (op, models, reference, threshold, name if not "<op> <= <threshold>x <reference>"):
+# each a ratio of autostatic to the reference measured in the same run.
+REAL_TARGETS: tuple[tuple[str, tuple[str, ...], str, float, str], ...] = (
+    ("flatten", ("linear-256", "transformer"), "eqx-static", 0.5, ""),
+    ("flatten", ("linear-256",), "dict", 1.5, ""),
+    (
+        "dispatch",
+        ("linear-256", "transformer"),
+        "eqx-static",
+        0.6,
+        "jax.jit dispatch <= 0.6x eqx-static / jax.jit",
+    ),
+    (
+        "dispatch",
+        ("linear-256", "transformer"),
+        "eqx-filter",
+        0.35,
+        "jax.jit dispatch <= 0.35x eqx-filter / eqx.filter_jit",
+    ),
+    ("unflatten_read", ("linear-256",), "eqx-static", 0.5, ""),
+    ("build", ("mixed-stack",), "eqx-static", 1.0, ""),
+    ("flatten", ("mixed-stack",), "eqx-static", 0.5, ""),
+    ("unflatten_read", ("mixed-stack",), "eqx-static", 1.0, ""),
+    ("treedef_eq", ("mixed-stack",), "eqx-static", 1.0, ""),
+)
+
+
+def real_models_targets(real: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not real:
+        return [_target("real models", None, "<=", 1.0, "not measured", "real_models")]
+    models, labels = real["models"], real["ops"]
+    targets = []
+
+    def detail(name: str, op: str, ref: str) -> tuple[float | None, str]:
+        res = models.get(name)
+        if res is None:
+            return None, "not measured"
+        stats = res["ops_us"].get(op, {})
+        r = res["ratios"].get(op, {}).get(ref)
+        if "fails" in stats.get(ref, {}):
+            return None, f"{ref} fails: {stats[ref]['fails']}"
+        us = ", ".join(
+            f"{i} {fmt_stat_us(stats.get(i), True)}"
+            for i in ("autostatic", ref)
+            if stats.get(i)
+        )
+        return r and r["median"], f"{fmt_ratio(r, iqr=True)}; {us}"
+
+    for op, names, ref, thr, title in REAL_TARGETS:
+        for name in names:
+            value, text = detail(name, op, ref)
+            targets.append(
+                _target(
+                    title or f"{labels[op]} <= {thr}x {ref}",
+                    value,
+                    "<=",
+                    thr,
+                    text,
+                    f"real: {name}",
+                )
+            )
+    # eqx.tree_at: not slower than the same (routed) call on the eqx-static model,
+    # the worst of the four models.
+    for op in ("tree_at_array", "tree_at_layer"):
+        per_model = {name: detail(name, op, "eqx-static") for name in models}
+        measured = [(v, n) for n, (v, _) in per_model.items() if v is not None]
+        worst = max(measured, default=(None, "-"))
+        targets.append(
+            _target(
+                f"{labels[op]} <= 1.1x eqx-static (worst model)",
+                worst[0],
+                "<=",
+                1.1,
+                "; ".join(
+                    f"{n} {fmt_ratio(models[n]['ratios'][op].get('eqx-static'))}"
+                    for n in per_model
+                ),
+                f"real: {worst[1]}",
+                "stated as <= 1.0x; 1.1x allows for noise",
+            )
+        )
+    return targets
 
 
 # --------------------------------------------------------------------------------------
@@ -625,6 +773,8 @@ def render(results: dict[str, Any]) -> str:
         lines += training_section(results["training"])
     if results.get("serialisation"):
         lines += serialisation_section(results["serialisation"])
+    if results.get("real_models"):
+        lines += real_models_section(results["real_models"])
     if results.get("errors"):
         lines += (
             ["### Errors", ""]

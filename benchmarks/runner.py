@@ -308,6 +308,13 @@ def _serialisation(quick: bool) -> dict[str, Any]:
     return {"status": "ok", "results": out}
 
 
+def _real_models(settings: S.Settings) -> dict[str, Any]:
+    """`benchmarks/real_models.py` (imported here: it needs autostatic to import)."""
+    from . import real_models
+
+    return real_models.run(settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = _settings(args)
@@ -336,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "first_call_forward": {},
         "training": {},
         "serialisation": None,
+        "real_models": None,
         "targets": [],
         "errors": [],
     }
@@ -426,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
             "status": "skipped",
             "error": "not run in --smoke mode",
         }
+
+    results["real_models"] = section(
+        "real models (eqx.nn layers in user modules)", lambda: _real_models(settings)
+    )
 
     results["targets"] = (
         section("targets", lambda: report.evaluate_targets(results)) or []

@@ -29,6 +29,7 @@ def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
         "first_call",
         "training",
         "serialisation",
+        "real_models",
         "targets",
         "errors",
         "wall_s",
@@ -77,6 +78,37 @@ def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
     }
     assert len(results["targets"]) >= 9
     assert (tmp_path / "results.md").read_text().count("### Targets") == 1
+
+    real = results["real_models"]
+    assert set(real["models"]) == {"linear-256", "transformer", "mixed-stack", "nested"}
+    ops = {
+        "build",
+        "flatten",
+        "unflatten_read",
+        "treedef_eq",
+        "dispatch",
+        "dispatch_filter_jit",
+        "tree_at_array",
+        "tree_at_layer",
+    }
+    assert set(real["ops"]) == ops
+    for name, res in real["models"].items():
+        assert set(res["ops_us"]) == ops, name
+        for op, stats in res["ops_us"].items():
+            # autostatic never fails; the others are measured or record why they fail
+            # (eqx-static under plain jax.jit where an eqx.nn layer holds a function).
+            assert stats["autostatic"]["median"] > 0, (name, op)
+            for impl in ("eqx-static", "eqx-filter"):
+                assert stats[impl].get("median", 0) > 0 or stats[impl]["fails"], (
+                    name,
+                    op,
+                    impl,
+                )
+        assert all(info["treedefs_equal"] for info in res["info"].values()), name
+    assert real["models"]["linear-256"]["ops_us"]["flatten"]["dict"]["median"] > 0
+    real_targets = [t for t in results["targets"] if t["where"].startswith("real: ")]
+    assert len(real_targets) == 14
+    assert "### Real models" in (tmp_path / "results.md").read_text()
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
