@@ -91,6 +91,7 @@ class Layout:
         "static_names",
         "compared_in_python",
         "plain",
+        "interned_types",
     )
 
     def __init__(self, cls: type, kinds: tuple[int, ...]):
@@ -111,6 +112,7 @@ class Layout:
         )
         # Children and static values are the attribute values as they are.
         self.plain = not (self.mixed or self.compared_in_python)
+        self.interned_types: dict[tuple[type, ...], tuple[type, ...]] = {}
 
     def __reduce__(self):
         return (layout_for, (self.cls, self.kinds))
@@ -170,7 +172,11 @@ class Aux(tuple):
 
 
 def make_aux(layout: Layout, static_values: tuple[Any, ...]) -> Aux:
-    return Aux((layout, tuple(map(type, static_values)), *static_values))
+    types = tuple(map(type, static_values))
+    # One tuple object per distinct types tuple of a layout: comparing the aux data
+    # of two separately built nodes then finds the types identical at once.
+    types = layout.interned_types.setdefault(types, types)
+    return Aux((layout, types, *static_values))
 
 
 def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
