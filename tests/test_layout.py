@@ -1,0 +1,96 @@
+"""How a node's partition is stored and read (`_layout`): the Aux tuple, the
+StaticLeaf wrapper, lazy fill-in."""
+
+import pickle
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+
+import autostatic as asx
+from autostatic._layout import Aux, make_aux, StaticLeaf
+
+
+class Pair(asx.AutoModule):
+    w: jax.Array
+    scale: float
+    name: str
+
+
+def _aux(model):
+    return jax.tree_util.tree_structure(model).node_data()[1]
+
+
+def test_aux_is_a_flat_tuple_with_named_accessors():
+    aux = _aux(Pair(jnp.ones(2), 0.5, "p"))
+    assert type(aux) is Aux and isinstance(aux, tuple)
+    assert aux.layout.child_names == ("w",)
+    assert aux.layout.static_names == ("scale", "name")
+    assert aux.static_types == (float, str)
+    assert aux.static_values == (0.5, "p")
+    assert tuple(aux) == (aux.layout, (float, str), 0.5, "p")
+
+
+def test_equal_types_tuples_are_one_object_and_1_1_0_true_differ():
+    a, b = _aux(Pair(jnp.ones(2), 0.5, "p")), _aux(Pair(jnp.zeros(2), 1.5, "q"))
+    assert a.static_types is b.static_types  # compared by identity in treedef ==
+    assert _aux(Pair(jnp.ones(2), 1, "p")) != _aux(Pair(jnp.ones(2), 1.0, "p"))
+
+
+def test_aux_and_static_leaves_pickle_with_function_types():
+    aux = make_aux(_aux(Pair(jnp.ones(2), 0.5, "p")).layout, (len, "x"))
+    again = pickle.loads(pickle.dumps(aux))
+    assert again == aux and again.static_types == (type(len), str)
+    leaf = pickle.loads(pickle.dumps(StaticLeaf(len, "Net.f")))
+    assert leaf.value is len and leaf.aux == (type(len), len)
+
+
+def test_static_leaf_aux_compares_in_c_unless_eq_is_python():
+    assert StaticLeaf(len, "x").aux == (type(len), len)
+
+    class Weird:
+        def __eq__(self, other):
+            raise ValueError("no")
+
+    weird = StaticLeaf(Weird(), "Net.weird")
+    assert weird.aux is weird  # so a failing comparison names the attribute
+
+
+class StaticFirst(asx.AutoModule):
+    name: str
+    xs: list
+    tags: list
+
+
+def test_lazy_fill_in_is_never_seen_half_done_by_other_threads():
+    # Reads race on a freshly unflattened instance: a thread must never see a
+    # missing field or an internal StaticLeaf while another fills the fields in.
+    model = StaticFirst("m", [jnp.ones(2), "tag", 3], ["a", "b"])
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    n_threads, rounds = 8, 250
+    problems: list[str] = []
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(rounds):
+            fresh = jax.tree_util.tree_unflatten(treedef, leaves)
+            barrier = threading.Barrier(n_threads)
+
+            def read(fresh: StaticFirst = fresh, barrier: threading.Barrier = barrier):
+                barrier.wait()
+                try:
+                    xs, tags = fresh.xs, fresh.tags
+                    if xs[1] != "tag" or xs[2] != 3 or list(tags) != ["a", "b"]:
+                        problems.append(repr((xs, tags)))
+                except Exception as err:
+                    problems.append(repr(err))
+
+            threads = [threading.Thread(target=read) for _ in range(n_threads)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert problems == [], problems[:5]
