@@ -1,6 +1,9 @@
 """Benchmarks: `autostatic.AutoModule` against Equinox and plain-pytree floors.
 
-Run with `python -m benchmarks [--quick | --full | --smoke] [--out DIR] [--sizes 4,32,256]`.
+Run with `python -m benchmarks [--quick | --full | --smoke] [--only SECTION[,SECTION]]
+[--out DIR | --write-results] [--sizes 4,32,256]` (`--help` lists the sections). Results
+go to `benchmarks/out/<backend>/` (ignored by git) unless `--out DIR` is given; only
+`--write-results` writes the committed `benchmarks/results/<backend>/`.
 
 Modules:
 
@@ -11,7 +14,8 @@ Modules:
   reshuffled order every round, ratios paired per round) and small statistics helpers.
 - `scenarios`: what is measured: pytree operations, dispatch, async dispatch, retracing,
   time to first call, training-step throughput.
-- `report`: tables, targets (MET / MISSED), `results.json` and PNG plots.
+- `report`: tables, targets (MET / MISSED; not judged in `--smoke`), `results.json` and
+  PNG plots.
 - `runner`: the command line (`main(argv)`), also used in-process by the smoke test.
 - `micro`: micro-benchmarks behind single design decisions (aux comparison, the routed
   `eqx.tree_at`): `python -m benchmarks.micro`.

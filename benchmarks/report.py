@@ -8,7 +8,7 @@ adjusted to the results; a target that cannot be evaluated is `N/A` with the rea
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -432,7 +432,23 @@ def _pick_mlp(available: Iterable[int]) -> tuple[int | None, str]:
     )
 
 
-def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+NOT_JUDGED = "not judged (smoke run)"
+
+
+def _tag(targets: list[dict[str, Any]], section: str) -> None:
+    """Marks the targets added since the last call as the given section's."""
+    for t in targets:
+        t.setdefault("section", section)
+
+
+def evaluate_targets(
+    results: dict[str, Any],
+    sections: Collection[str] | None = None,
+    judged: bool = True,
+) -> list[dict[str, Any]]:
+    """The targets, each tagged with its section; only those of `sections` (default
+    all). With `judged=False` (a smoke run, whose numbers mean nothing) no target is
+    MET or MISSED: those are `NOT_JUDGED` (`N/A` stays, with its reason)."""
     targets: list[dict[str, Any]] = []
     tree_ops = results.get("tree_ops", {})
     n, note = _pick_mlp(int(k.split("-")[1]) for k in tree_ops if k.startswith("mlp-"))
@@ -474,6 +490,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 note,
             )
         )
+    _tag(targets, "tree_ops")
     # Retracing: equal to the dict floor wherever the static values are equal.
     rt = results.get("retracing")
     if rt:
@@ -508,6 +525,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         targets.append(
             _target("trace counts == dict floor", None, "<=", 0.0, "not measured", "-")
         )
+    _tag(targets, "retracing")
     fc = results.get("first_call", {})
     n_fc, note_fc = _pick_mlp(int(k) for k in fc)
     v = fc.get(str(n_fc), {}).get("variants", {}).get(AUTO_JIT, {}) if n_fc else {}
@@ -524,6 +542,7 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             note_fc + ("; " if note_fc else "") + _forward_note(results, n_fc),
         )
     )
+    _tag(targets, "first_call")
     tr = results.get("training", {})
     n_tr, note_tr = _pick_mlp(int(k.split("-")[1]) for k in tr if k.startswith("mlp-"))
     if note_tr and n_tr is not None:
@@ -561,7 +580,16 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         )
         t["status"] = "info: " + t["status"]
         targets.append(t)
+    _tag(targets, "training")
     targets += real_models_targets(results.get("real_models"))
+    _tag(targets, "real_models")
+    if sections is not None:
+        targets = [t for t in targets if t["section"] in sections]
+    if not judged:
+        for t in targets:
+            prefix = "info: " if t["status"].startswith("info: ") else ""
+            if t["status"].removeprefix(prefix) in ("MET", "MISSED"):
+                t["status"] = prefix + NOT_JUDGED
     return targets
 
 
@@ -586,6 +614,12 @@ def targets_section(targets: list[dict[str, Any]]) -> list[str]:
         for t in targets
     ]
     lines += table(["target", "on", "status", "measured", "note"], rows, "lllll")
+    if any(t["status"].endswith(NOT_JUDGED) for t in targets):
+        lines += [
+            "",
+            "A smoke run only checks that everything runs: its numbers mean nothing, "
+            "so no target is judged.",
+        ]
     return lines + [""]
 
 
@@ -802,7 +836,8 @@ def write_json(results: dict[str, Any], path: Path) -> None:
 
 
 def plot(results: dict[str, Any], out: Path) -> list[str]:
-    """Writes the PNGs; returns their file names (none if matplotlib is missing)."""
+    """Writes the PNGs of the sections that ran; returns their file names (none if
+    matplotlib is missing)."""
     try:
         import matplotlib
 
@@ -810,11 +845,17 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return []
-    written = []
+    figures = (_overhead_plot(results, out, plt), _training_plot(results, out, plt))
+    return [name for name in figures if name]
+
+
+def _overhead_plot(results: dict[str, Any], out: Path, plt: Any) -> str | None:
     tree_ops = results.get("tree_ops", {})
     mlps = sorted(
         (int(k.split("-")[1]), v) for k, v in tree_ops.items() if k.startswith("mlp-")
     )
+    if not mlps:  # not run (`--only`)
+        return None
     backend = results["machine"]["backend"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, op in zip(axes[:2], ("flatten", "unflatten")):
@@ -863,9 +904,14 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "overhead_vs_n.png", dpi=110)
     plt.close(fig)
-    written.append("overhead_vs_n.png")
+    return "overhead_vs_n.png"
 
+
+def _training_plot(results: dict[str, Any], out: Path, plt: Any) -> str | None:
     training = results.get("training", {})
+    if not training:  # not run (`--only`)
+        return None
+    backend = results["machine"]["backend"]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     models = list(training)
     names = [M.variant_name(*v) for v in _train_variants()]
@@ -900,8 +946,7 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "training_throughput.png", dpi=110)
     plt.close(fig)
-    written.append("training_throughput.png")
-    return written
+    return "training_throughput.png"
 
 
 def _train_variants() -> tuple[tuple[str, str], ...]:
@@ -910,5 +955,11 @@ def _train_variants() -> tuple[tuple[str, str], ...]:
     return TRAIN_VARIANTS
 
 
-def default_out_dir(backend: str) -> Path:
+def results_dir(backend: str) -> Path:
+    """The committed results (`python -m benchmarks --write-results`)."""
     return Path(os.path.dirname(os.path.abspath(__file__))) / "results" / backend
+
+
+def default_out_dir(backend: str) -> Path:
+    """Where an ad-hoc run writes: `benchmarks/out/<backend>/`, ignored by git."""
+    return Path(os.path.dirname(os.path.abspath(__file__))) / "out" / backend

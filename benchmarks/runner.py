@@ -1,4 +1,5 @@
-"""The command line: `python -m benchmarks [--quick | --full | --smoke] [--out DIR] [--sizes ...]`.
+"""The command line: `python -m benchmarks [--quick | --full | --smoke] [--only SECTIONS]
+[--out DIR | --write-results] [--sizes ...]`.
 
 - `--quick` (default): the README numbers, under 2 minutes on 2 CPU cores (compile
   times included). Trains the 32-layer MLP and the transformer; the 256-layer training
@@ -8,19 +9,29 @@
   pass, and every model's tree-op/dispatch group in its own process (`--no-isolate` to
   turn off).
 - `--smoke`: seconds; checks that everything runs (used by the test suite). Its numbers
-  mean nothing.
+  mean nothing, so its targets are "not judged (smoke run)" instead of MET / MISSED.
+- `--only tree_ops,training`: only these sections (`SECTIONS`; `-` may stand for `_`).
+  The results, the tables and the targets then hold only what ran.
 
-Results go to `--out` (default `benchmarks/results/<backend>/`): `results.json`,
-`results.md` (the printed tables) and PNG plots. The backend is whatever JAX picks
-(`JAX_PLATFORMS` is respected), so the same command runs on CPU, GPU and TPU.
+Results go to `--out DIR`, by default `benchmarks/out/<backend>/` (ignored by git), so
+ad-hoc runs never touch the checkout; only `--write-results` writes the committed
+`benchmarks/results/<backend>/` (refused with `--smoke` and `--only`). Each holds
+`results.json`, `results.md` (the printed tables) and PNG plots; the last lines printed
+name the files written. The backend is whatever JAX picks (`JAX_PLATFORMS` is
+respected), so the same command runs on CPU, GPU and TPU.
+
+Progress goes to stderr, one line per step: `[  33.1 s] 3/14 tree ops + dispatch: ...`
+(time so far, step k of n).
 
 The exit status is 0 whether targets are met or missed (benchmarks are not tests); it
-is 1 only if a section crashed (the others still run and the results are still written).
+is 1 only if a section crashed (the others still run and the results are still written),
+and 2 for a refused command line.
 """
 
 import argparse
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -107,11 +118,43 @@ MODES: dict[str, S.Settings] = {
 # Models of the tree-op / dispatch groups besides the MLPs.
 OTHER_MODELS: tuple[str, ...] = ("transformer", "mixed")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The sections `--only` selects, in the order they run; each names its key in results.json
+# (`first_call` also fills `first_call_forward`).
+SECTIONS: dict[str, str] = {
+    "tree_ops": "pytree operations + dispatch of every model",
+    "async_dispatch": "async dispatch (deepest MLP)",
+    "retracing": "retracing (shallowest MLP)",
+    "first_call": "time to first call",
+    "training": "training-step throughput",
+    "serialisation": "checkpoint save / load vs Equinox (skipped in --smoke)",
+    "real_models": "eqx.nn layers inside user modules",
+}
+
+
+def _sizes_arg(text: str) -> tuple[int, ...]:
+    parts = [x.strip() for x in text.split(",")]
+    if not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):
+        raise argparse.ArgumentTypeError(
+            f"sizes are positive integers, comma-separated (e.g. 4,32,256); got {text!r}"
+        )
+    return tuple(int(x) for x in parts)
+
+
+def _only_arg(text: str) -> tuple[str, ...]:
+    names = [x.strip().replace("-", "_") for x in text.split(",")]
+    unknown = [x for x in names if x not in SECTIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {', '.join(repr(x) for x in unknown)}; "
+            f"valid sections: {', '.join(SECTIONS)}"
+        )
+    return tuple(x for x in SECTIONS if x in names)  # the order they run in
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
+        allow_abbrev=False,
         description="Benchmarks autostatic.AutoModule against eqx.Module (static fields / "
         "filter_jit) and dict/dataclass floors; prints tables and MET/MISSED targets, writes "
         "results.json, results.md and PNG plots.",
@@ -136,19 +179,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         dest="mode",
         action="store_const",
         const="smoke",
-        help="seconds; only checks that everything runs",
+        help="seconds; only checks that everything runs (targets not judged)",
     )
     p.add_argument(
+        "--only",
+        type=_only_arg,
+        default=None,
+        metavar="SECTION[,SECTION]",
+        help="run only these sections (default all): "
+        + "; ".join(f"{k} = {v}" for k, v in SECTIONS.items()),
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="output directory (default benchmarks/results/<backend>/)",
+        metavar="DIR",
+        help="output directory (default benchmarks/out/<backend>/, ignored by git)",
+    )
+    where.add_argument(
+        "--write-results",
+        action="store_true",
+        help="write the committed benchmarks/results/<backend>/ (not with --smoke "
+        "or --only)",
     )
     p.add_argument(
         "--sizes",
-        type=lambda s: tuple(int(x) for x in s.split(",") if x),
+        type=_sizes_arg,
         default=None,
-        help="MLP depths, comma-separated (default 4,32,256)",
+        help="MLP depths: positive integers, comma-separated (default 4,32,256)",
     )
     p.add_argument(
         "--isolate",
@@ -168,7 +227,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.mode = args.mode or "quick"
+    if args.write_results and (args.mode == "smoke" or args.only):
+        p.error(
+            "--write-results replaces the committed results: it needs a whole "
+            "--quick or --full run (not --smoke, not --only); use --out DIR instead"
+        )
     return args
+
+
+def out_dir(args: argparse.Namespace, backend: str) -> Path:
+    """Where the results go: `--out`, else the committed `benchmarks/results/<backend>/`
+    with `--write-results`, else `benchmarks/out/<backend>/` (ignored by git)."""
+    if args.out is not None:
+        return args.out
+    if args.write_results:
+        return report.results_dir(backend)
+    return report.default_out_dir(backend)
 
 
 def machine_info(mode: str) -> dict[str, Any]:
@@ -330,12 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     machine = machine_info(args.mode)
-    out = args.out or report.default_out_dir(machine["backend"])
+    out = out_dir(args, machine["backend"])
     out.mkdir(parents=True, exist_ok=True)
     isolate = args.isolate if args.isolate is not None else args.mode == "full"
-    results: dict[str, Any] = {
-        "machine": machine,
-        "settings": dataclasses.asdict(settings),
+    sections = args.only or tuple(SECTIONS)
+    empty: dict[str, Any] = {
         "tree_ops": {},
         "async_dispatch": None,
         "retracing": None,
@@ -344,17 +417,25 @@ def main(argv: list[str] | None = None) -> int:
         "training": {},
         "serialisation": None,
         "real_models": None,
-        "targets": [],
-        "errors": [],
     }
+    results: dict[str, Any] = {
+        "machine": machine,
+        "settings": dataclasses.asdict(settings),
+        "sections": list(sections),
+    }
+    for key, value in empty.items():  # only the sections that run
+        if key.removesuffix("_forward") in sections:
+            results[key] = value
+    results["targets"] = []
+    results["errors"] = []
 
     def log(msg: str) -> None:
         print(
             f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True
         )
 
-    def section(name: str, fn: Callable[[], Any]) -> Any:
-        log(name)
+    def section(name: str, fn: Callable[[], Any], progress: str = "") -> Any:
+        log(f"{progress}{name}")
         try:
             with (
                 frozen_heap()
@@ -370,89 +451,146 @@ def main(argv: list[str] | None = None) -> int:
     if M.AUTOSTATIC_ERROR:
         log(f"autostatic unavailable: {M.AUTOSTATIC_ERROR}")
     log(
-        f"{args.mode} mode, backend {machine['backend']} ({machine['device_kind']}), out {out}"
+        f"{args.mode} mode, backend {machine['backend']} ({machine['device_kind']}), "
+        f"sections {', '.join(sections)}, out {out}"
     )
 
-    models = [f"mlp-{n}" for n in settings.sizes] + list(OTHER_MODELS)
-    for i, model in enumerate(models):
-        if isolate:
-            res = section(
-                f"tree ops + dispatch: {model} (own process)",
-                lambda m=model: _tree_ops_isolated(m, args.mode, settings.sizes),
-            )
-        else:
-            res = section(
-                f"tree ops + dispatch: {model}",
-                lambda m=model, i=i: S.tree_ops(
-                    m,
-                    *_arrays_for(m, arrays),
-                    settings,
-                    seed=i,
-                    budget_s=_budget(m, settings),
-                ),
-            )
-        if res is not None:
-            results["tree_ops"][model] = res
+    # Every step of the run: (label, what it runs, where its result goes), planned
+    # up front so that the progress lines can say "step k of n".
+    steps: list[tuple[str, Callable[[], Any], Callable[[Any], None]]] = []
+
+    def store(key: str, sub: str | None = None) -> Callable[[Any], None]:
+        def put(res: Any) -> None:
+            if sub is None:
+                results[key] = res
+            elif res is not None:
+                results[key][sub] = res
+
+        return put
+
+    if "tree_ops" in sections:
+        models = [f"mlp-{n}" for n in settings.sizes] + list(OTHER_MODELS)
+        for i, model in enumerate(models):
+            if isolate:
+                steps.append(
+                    (
+                        f"tree ops + dispatch: {model} (own process)",
+                        lambda m=model: _tree_ops_isolated(
+                            m, args.mode, settings.sizes
+                        ),
+                        store("tree_ops", model),
+                    )
+                )
+            else:
+                steps.append(
+                    (
+                        f"tree ops + dispatch: {model}",
+                        lambda m=model, i=i: S.tree_ops(
+                            m,
+                            *_arrays_for(m, arrays),
+                            settings,
+                            seed=i,
+                            budget_s=_budget(m, settings),
+                        ),
+                        store("tree_ops", model),
+                    )
+                )
 
     big = f"mlp-{max(settings.sizes)}"
-    results["async_dispatch"] = section(
-        f"async dispatch ({big})",
-        lambda: S.async_dispatch(_arrays_for(big, arrays)[1], settings),
-    )
-    small = f"mlp-{min(settings.sizes)}"
-    results["retracing"] = section(
-        f"retracing ({small})",
-        lambda: S.retracing(_arrays_for(small, arrays)[1], settings),
-    )
-    for fn, key, reps in (
-        ("probe", "first_call", settings.ttfc_reps),
-        ("forward", "first_call_forward", settings.ttfc_forward_reps),
-    ):
-        for n in settings.sizes if reps else ():
-            res = section(
-                f"time to first call, {fn} (mlp-{n})",
-                lambda n=n, fn=fn: S.first_call(
-                    n, _arrays_for(f"mlp-{n}", arrays)[1], settings, fn, seed=n
-                ),
+    if "async_dispatch" in sections:
+        steps.append(
+            (
+                f"async dispatch ({big})",
+                lambda: S.async_dispatch(_arrays_for(big, arrays)[1], settings),
+                store("async_dispatch"),
             )
-            if res is not None:
-                results[key][str(n)] = res
-    trained = [f"mlp-{n}" for n in settings.train_sizes]
-    for model in trained + (["transformer"] if settings.train_transformer else []):
-        res = section(
-            f"training step ({model})",
-            lambda m=model: S.training(m, *_arrays_for(m, arrays), settings),
         )
-        if res is not None:
-            results["training"][model] = res
-    if args.mode != "smoke":
-        results["serialisation"] = section(
-            "serialisation", lambda: _serialisation(quick=args.mode == "quick")
+    small = f"mlp-{min(settings.sizes)}"
+    if "retracing" in sections:
+        steps.append(
+            (
+                f"retracing ({small})",
+                lambda: S.retracing(_arrays_for(small, arrays)[1], settings),
+                store("retracing"),
+            )
         )
-    else:
-        results["serialisation"] = {
-            "status": "skipped",
-            "error": "not run in --smoke mode",
-        }
+    if "first_call" in sections:
+        for fn, key, reps in (
+            ("probe", "first_call", settings.ttfc_reps),
+            ("forward", "first_call_forward", settings.ttfc_forward_reps),
+        ):
+            for n in settings.sizes if reps else ():
+                steps.append(
+                    (
+                        f"time to first call, {fn} (mlp-{n})",
+                        lambda n=n, fn=fn: S.first_call(
+                            n, _arrays_for(f"mlp-{n}", arrays)[1], settings, fn, seed=n
+                        ),
+                        store(key, str(n)),
+                    )
+                )
+    if "training" in sections:
+        trained = [f"mlp-{n}" for n in settings.train_sizes]
+        for model in trained + (["transformer"] if settings.train_transformer else []):
+            steps.append(
+                (
+                    f"training step ({model})",
+                    lambda m=model: S.training(m, *_arrays_for(m, arrays), settings),
+                    store("training", model),
+                )
+            )
+    if "serialisation" in sections:
+        if args.mode != "smoke":
+            steps.append(
+                (
+                    "serialisation",
+                    lambda: _serialisation(quick=args.mode == "quick"),
+                    store("serialisation"),
+                )
+            )
+        else:
+            results["serialisation"] = {
+                "status": "skipped",
+                "error": "not run in --smoke mode",
+            }
+    if "real_models" in sections:
+        steps.append(
+            (
+                "real models (eqx.nn layers in user modules)",
+                lambda: _real_models(settings),
+                store("real_models"),
+            )
+        )
 
-    results["real_models"] = section(
-        "real models (eqx.nn layers in user modules)", lambda: _real_models(settings)
-    )
+    for k, (label, fn, put) in enumerate(steps, 1):
+        put(section(label, fn, progress=f"{k}/{len(steps)} "))
 
     results["targets"] = (
-        section("targets", lambda: report.evaluate_targets(results)) or []
+        section(
+            "targets",
+            lambda: report.evaluate_targets(
+                results, sections=sections, judged=args.mode != "smoke"
+            ),
+        )
+        or []
     )
     results["wall_s"] = time.perf_counter() - start
     text = report.render(results)
-    print(text)
+    print(text, flush=True)
     (out / "results.md").write_text(text)
+    written = [out / "results.md"]
     if not args.no_plots:
         results["plots"] = section("plots", lambda: report.plot(results, out)) or []
-        if not results["plots"]:
+        written += [out / name for name in results["plots"]]
+        if importlib.util.find_spec("matplotlib") is None:
             results["plots_note"] = (
                 "matplotlib is not installed (pip install -e '.[bench]')"
             )
     results["wall_s"] = time.perf_counter() - start
     report.write_json(results, out / "results.json")
-    log(f"done: {out / 'results.json'}, {len(results['errors'])} section error(s)")
+    written.insert(0, out / "results.json")
+    log(f"done, {len(results['errors'])} section error(s)")
+    print(f"Files written ({len(written)}):")
+    for path in written:
+        print(f"  {path}", flush=True)
     return 1 if results["errors"] else 0
