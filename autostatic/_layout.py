@@ -243,8 +243,8 @@ def _static_leaf_unflatten(aux: Any, _: Any) -> StaticLeaf:
 jtu.register_pytree_node(StaticLeaf, lambda s: ((), s.aux), _static_leaf_unflatten)
 
 
-def _is_static_leaf(x: Any) -> bool:
-    return type(x) is StaticLeaf
+def _static_leaf_or_automodule(x: Any) -> bool:
+    return type(x) is StaticLeaf or is_automodule(x)
 
 
 def _unwrap(x: Any) -> Any:
@@ -330,7 +330,11 @@ def map_preserving(
 
 
 def unwrap_static_leaves(child: Any) -> Any:
-    return map_preserving(child, lambda x, _: _unwrap(x), _is_static_leaf, path=None)
+    """The attribute value of a mixed child. A nested AutoModule is kept as it is:
+    the `StaticLeaf`s inside it are its own, for its own mixed fields."""
+    return map_preserving(
+        child, lambda x, _: _unwrap(x), _static_leaf_or_automodule, path=None
+    )
 
 
 class Partitioned:

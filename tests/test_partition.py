@@ -316,3 +316,18 @@ def test_nesting_as_deep_as_equinox_builds_and_jits(bottom):
         inner = inner[0]
     expected = {"array": lambda x: x == 2, "int": lambda x: x == 3}
     assert expected.get(bottom, lambda x: x[0] == 2 and x[1] == "s")(inner)
+
+
+def test_a_module_nested_in_a_mixed_field_keeps_its_own_static_leaves():
+    class Inner(asx.AutoModule):
+        xs: list
+
+    class Outer(asx.AutoModule):
+        items: list
+
+    outer = Outer([Inner([jnp.ones(1), jax.nn.relu]), "tag", jnp.ones(1)])
+    rebuilt = jax.tree_util.tree_map(lambda x: x, outer)  # filled in lazily
+    inner = rebuilt.items[0]
+    assert inner.xs[1] is jax.nn.relu and rebuilt.items[1] == "tag"
+    assert len(jax.tree_util.tree_leaves(inner)) == 1  # relu is still static
+    assert jax.jit(lambda m: m.xs[0] + 1)(inner) == 2
