@@ -108,7 +108,7 @@ print(mixed.parts[1] is jax.nn.relu)""",
         "md",
         """## What it costs: the benchmark comparison
 
-Read from `benchmarks/results/cpu/results.json`, committed by `python -m benchmarks`.""",
+Read from `benchmarks/results/cpu/results.json`, committed by `python -m benchmarks --quick --write-results`.""",
     ),
     ("code", "PLOT_CELL"),
 ]
