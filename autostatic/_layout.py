@@ -329,12 +329,97 @@ def map_preserving(
         stack[-1][5].append(rebuilt)
 
 
+_KEEP, _STATIC_LEAF, _SEQUENCE, _SLOTTED, _OTHER = range(5)
+_unwrap_kinds: dict[type, int] = {}
+
+
+def _unwrap_kind(x: Any) -> int:
+    """How `unwrap_static_leaves` treats objects of `type(x)` (cached per type)."""
+    cls = type(x)
+    kind = _unwrap_kinds.get(cls)
+    if kind is None:
+        if cls is StaticLeaf:
+            kind = _STATIC_LEAF
+        elif is_automodule_class(cls) or cls in _leaf_types:
+            kind = _KEEP  # an AutoModule's StaticLeafs are its own
+        elif cls is FrozenList or cls is list or cls is tuple:
+            kind = _SEQUENCE
+        elif issubclass(cls, Partitioned) and cls in _unflatten_of:
+            kind = _SLOTTED  # a twin of an Equinox layer
+        else:
+            return _OTHER  # not cached: could be a leaf type not seen yet
+        _unwrap_kinds[cls] = kind
+    return kind
+
+
 def unwrap_static_leaves(child: Any) -> Any:
-    """The attribute value of a mixed child. A nested AutoModule is kept as it is:
-    the `StaticLeaf`s inside it are its own, for its own mixed fields."""
-    return map_preserving(
-        child, lambda x, _: _unwrap(x), _static_leaf_or_automodule, path=None
-    )
+    """The attribute value of a mixed child: every `StaticLeaf` replaced by its value,
+    rebuilding only the nodes above one, so every other sub-node is the very same
+    object as in the child (`eqx.tree_at` finds nodes by identity). A nested
+    AutoModule is kept as it is: the `StaticLeaf`s inside it are its own. Dispatched
+    by type (lists, tuples and twins are rebuilt without JAX's flatten), since this
+    runs on the first read of every lazily unflattened mixed field."""
+
+    def rebuilder(
+        x: Any, kind: int
+    ) -> tuple[Callable[[list[Any]], Any], list[Any]] | None:
+        if kind == _SEQUENCE:
+            return _sequence_rebuilder(x) or type(x), list(x)  # pyright: ignore[reportReturnType]  # _SEQUENCE types have a rebuilder
+        if kind == _SLOTTED:
+            try:
+                children, aux = _get_flat(x)
+            except AttributeError:  # built by calling its class: no slot yet
+                return None
+            node_unflatten = _unflatten_of[type(x)]
+            return (lambda items: node_unflatten(type(x), aux, tuple(items))), list(
+                children
+            )
+        return None
+
+    def visit(x: Any) -> tuple[bool, Any]:
+        kind = _unwrap_kind(x)
+        if kind == _STATIC_LEAF:
+            return True, x.value
+        if kind == _KEEP:
+            return True, x
+        node = rebuilder(x, kind)
+        if node is not None:
+            return (True, x) if not node[1] else (False, node)
+        return False, None
+
+    done, result = visit(child)
+    if done:
+        return result
+    if result is None:
+        return map_preserving(
+            child, lambda x, _: _unwrap(x), _static_leaf_or_automodule, path=None
+        )
+    stack: list[tuple[Any, Callable[[list[Any]], Any], list[Any], list[Any]]]
+    stack = [(child, *result, [])]
+    while True:
+        x, rebuild, children, new = stack[-1]
+        if len(new) < len(children):
+            item = children[len(new)]
+            done, result = visit(item)
+            if done:
+                new.append(result)
+            elif result is None:  # another kind of node: the general walk
+                new.append(
+                    map_preserving(
+                        item,
+                        lambda y, _: _unwrap(y),
+                        _static_leaf_or_automodule,
+                        path=None,
+                    )
+                )
+            else:
+                stack.append((item, *result, []))
+            continue
+        stack.pop()
+        rebuilt = x if all(a is b for a, b in zip(new, children)) else rebuild(new)
+        if not stack:
+            return rebuilt
+        stack[-1][3].append(rebuilt)
 
 
 class Partitioned:
@@ -427,16 +512,18 @@ def flatten_functions(
         return tuple(zip(aux.layout.child_keys, children)), aux
 
     if fixed_kinds is not None:
-        return (
-            flatten,
-            flatten_with_keys,
-            filled_unflatten(layout_for(cls, fixed_kinds)),
-        )
-    return (
-        flatten,
-        flatten_with_keys,
-        unflatten_eager if needs_eager(cls) else unflatten,
-    )
+        node_unflatten = filled_unflatten(layout_for(cls, fixed_kinds))
+    else:
+        node_unflatten = unflatten_eager if needs_eager(cls) else unflatten
+    _unflatten_of[cls] = node_unflatten
+    return flatten, flatten_with_keys, node_unflatten
+
+
+# The unflatten registered for each class with a partition slot, so that
+# `unwrap_static_leaves` rebuilds such a node without asking JAX.
+_unflatten_of: "weakref.WeakKeyDictionary[type, Callable[..., Any]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def moved_defaults(cls: type) -> set[str]:
