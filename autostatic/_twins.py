@@ -10,7 +10,8 @@ When an AutoModule freezes its fields, each `eqx.nn` layer in them is replaced b
 instance of the layer's *twin*: a subclass created here once per layer class
 (`isinstance(layer, eqx.nn.Linear)` holds; name, repr, methods and `__init__` are the
 layer's) whose node is stored like an AutoModule's (`_layout`): `(children, aux)` in
-a slot, lazy unflatten, methods bound by descriptors. The partition is Equinox's:
+a slot, an unflatten generated for its layout that fills the attributes in, methods
+bound by descriptors. The partition is Equinox's:
 fields marked `eqx.field(static=True)` are aux data and every other field is a child
 as it is, so key paths, leaves and retraces are those of the original layer.
 
@@ -70,18 +71,10 @@ def _twinned(cls: type) -> bool:
 
 
 class _TwinBase(Partitioned):
-    """The slot, lazy fill-in and pickling that a twin adds to its layer class."""
+    """The slot and the pickling that a twin adds to its layer class. (A twin's
+    unflatten fills its attributes in at once, so it needs no `__getattr__`.)"""
 
     __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when normal lookup fails: a lazily unflattened twin.
-        cls = type(self)
-        if name in fields_of(cls).names:
-            attrs = materialise(self)
-            if name in attrs:
-                return attrs[name]
-        raise AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # By the layer class: a twin class is made at run time, pickle cannot name it.
@@ -110,7 +103,6 @@ def _make_twin_class(cls: type) -> type:
         # Methods are bound by descriptors below, so Equinox's Python-level
         # `__getattribute__` (which binds them on every access) is not needed.
         "__getattribute__": object.__getattribute__,
-        "__getattr__": _TwinBase.__getattr__,
         "__reduce__": _TwinBase.__reduce__,
     }
     fields = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # an eqx.Module is a dataclass
