@@ -39,9 +39,8 @@ class FieldSpec(NamedTuple):
     names: tuple[str, ...]
     declared_static: tuple[bool, ...]  # `eqx.field(static=True)`
     defaults: dict[str, Any]  # dataclass defaults, moved off the class
-    # A twin of an Equinox layer (`_twins`): its static fields are the declared ones
-    # and every other field is a child as it is, as Equinox flattens it.
-    equinox_partition: bool
+    # A twin of an Equinox layer (`_twins`), not an AutoModule.
+    twin: bool
 
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
@@ -54,14 +53,19 @@ def fields_of(cls: type) -> FieldSpec:
 def is_automodule_class(cls: type) -> bool:
     """An AutoModule class (not a twin of an Equinox layer)."""
     spec = getattr(cls, _SPEC, None)
-    return spec is not None and not spec.equinox_partition
+    return spec is not None and not spec.twin
 
 
 def is_automodule(x: Any) -> bool:
     return is_automodule_class(type(x))
 
 
-def prepare_class(cls: type, *, equinox_partition: bool = False) -> None:
+def has_partition(x: Any) -> bool:
+    """An AutoModule or a twin of an Equinox layer: a node whose partition is ours."""
+    return hasattr(type(x), _SPEC)
+
+
+def prepare_class(cls: type, *, twin: bool = False) -> None:
     """Records the fields of a new AutoModule class and moves its dataclass defaults
     off the class: a lazily unflattened instance fills its attributes in through
     `__getattr__`, which a class attribute of the same name would shadow."""
@@ -74,7 +78,7 @@ def prepare_class(cls: type, *, equinox_partition: bool = False) -> None:
         defaults={
             f.name: f.default for f in fields if f.default is not dataclasses.MISSING
         },
-        equinox_partition=equinox_partition,
+        twin=twin,
     )
     setattr(cls, _SPEC, spec)
 
@@ -92,6 +96,7 @@ class Layout:
         "compared_in_python",
         "plain",
         "interned_types",
+        "fill",
     )
 
     def __init__(self, cls: type, kinds: tuple[int, ...]):
@@ -113,6 +118,7 @@ class Layout:
         # Children and static values are the attribute values as they are.
         self.plain = not (self.mixed or self.compared_in_python)
         self.interned_types: dict[tuple[type, ...], tuple[type, ...]] = {}
+        self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
 
     def __reduce__(self):
         return (layout_for, (self.cls, self.kinds))
@@ -243,8 +249,8 @@ def _static_leaf_unflatten(aux: Any, _: Any) -> StaticLeaf:
 jtu.register_pytree_node(StaticLeaf, lambda s: ((), s.aux), _static_leaf_unflatten)
 
 
-def _static_leaf_or_automodule(x: Any) -> bool:
-    return type(x) is StaticLeaf or is_automodule(x)
+def _static_leaf_or_partitioned(x: Any) -> bool:
+    return type(x) is StaticLeaf or has_partition(x)
 
 
 def _unwrap(x: Any) -> Any:
@@ -329,7 +335,7 @@ def map_preserving(
         stack[-1][5].append(rebuilt)
 
 
-_KEEP, _STATIC_LEAF, _SEQUENCE, _SLOTTED, _OTHER = range(5)
+_KEEP, _STATIC_LEAF, _SEQUENCE, _OTHER = range(4)
 _unwrap_kinds: dict[type, int] = {}
 
 
@@ -340,12 +346,10 @@ def _unwrap_kind(x: Any) -> int:
     if kind is None:
         if cls is StaticLeaf:
             kind = _STATIC_LEAF
-        elif is_automodule_class(cls) or cls in _leaf_types:
-            kind = _KEEP  # an AutoModule's StaticLeafs are its own
+        elif hasattr(cls, _SPEC) or cls in _leaf_types:
+            kind = _KEEP  # an AutoModule's or a twin's StaticLeafs are its own
         elif cls is FrozenList or cls is list or cls is tuple:
             kind = _SEQUENCE
-        elif issubclass(cls, Partitioned) and cls in _unflatten_of:
-            kind = _SLOTTED  # a twin of an Equinox layer
         else:
             return _OTHER  # not cached: could be a leaf type not seen yet
         _unwrap_kinds[cls] = kind
@@ -356,25 +360,14 @@ def unwrap_static_leaves(child: Any) -> Any:
     """The attribute value of a mixed child: every `StaticLeaf` replaced by its value,
     rebuilding only the nodes above one, so every other sub-node is the very same
     object as in the child (`eqx.tree_at` finds nodes by identity). A nested
-    AutoModule is kept as it is: the `StaticLeaf`s inside it are its own. Dispatched
-    by type (lists, tuples and twins are rebuilt without JAX's flatten), since this
-    runs on the first read of every lazily unflattened mixed field."""
+    AutoModule or twin is kept as it is: the `StaticLeaf`s inside it are its own.
+    Dispatched by type (lists and tuples are rebuilt without JAX's flatten), since
+    this runs on the first read of every lazily unflattened mixed field."""
 
-    def rebuilder(
-        x: Any, kind: int
-    ) -> tuple[Callable[[list[Any]], Any], list[Any]] | None:
-        if kind == _SEQUENCE:
-            return _sequence_rebuilder(x) or type(x), list(x)  # pyright: ignore[reportReturnType]  # _SEQUENCE types have a rebuilder
-        if kind == _SLOTTED:
-            try:
-                children, aux = _get_flat(x)
-            except AttributeError:  # built by calling its class: no slot yet
-                return None
-            node_unflatten = _unflatten_of[type(x)]
-            return (lambda items: node_unflatten(type(x), aux, tuple(items))), list(
-                children
-            )
-        return None
+    def general(x: Any) -> Any:
+        return map_preserving(
+            x, lambda y, _: _unwrap(y), _static_leaf_or_partitioned, path=None
+        )
 
     def visit(x: Any) -> tuple[bool, Any]:
         kind = _unwrap_kind(x)
@@ -382,38 +375,25 @@ def unwrap_static_leaves(child: Any) -> Any:
             return True, x.value
         if kind == _KEEP:
             return True, x
-        node = rebuilder(x, kind)
-        if node is not None:
-            return (True, x) if not node[1] else (False, node)
-        return False, None
+        if kind == _SEQUENCE and x:
+            return False, (_sequence_rebuilder(x), list(x))
+        if kind == _SEQUENCE:
+            return True, x
+        return True, general(x)
 
     done, result = visit(child)
     if done:
         return result
-    if result is None:
-        return map_preserving(
-            child, lambda x, _: _unwrap(x), _static_leaf_or_automodule, path=None
-        )
-    stack: list[tuple[Any, Callable[[list[Any]], Any], list[Any], list[Any]]]
-    stack = [(child, *result, [])]
+    # One entry per list or tuple being rebuilt: (node, rebuild, items, new items).
+    stack: list[tuple[Any, Any, list[Any], list[Any]]] = [(child, *result, [])]
     while True:
         x, rebuild, children, new = stack[-1]
         if len(new) < len(children):
-            item = children[len(new)]
-            done, result = visit(item)
+            done, result = visit(children[len(new)])
             if done:
                 new.append(result)
-            elif result is None:  # another kind of node: the general walk
-                new.append(
-                    map_preserving(
-                        item,
-                        lambda y, _: _unwrap(y),
-                        _static_leaf_or_automodule,
-                        path=None,
-                    )
-                )
             else:
-                stack.append((item, *result, []))
+                stack.append((children[len(new)], *result, []))
             continue
         stack.pop()
         rebuilt = x if all(a is b for a, b in zip(new, children)) else rebuild(new)
@@ -454,9 +434,9 @@ def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     return obj
 
 
-def filled_unflatten(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
-    """An unflatten for nodes of `layout` that fills the attributes in at once, as
-    Equinox's generated unflatten does; generated for the layout's field names, so
+def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
+    """An unflatten for nodes of a plain `layout` that fills the attributes in at once,
+    as Equinox's generated unflatten does; generated for the layout's field names, so
     that each attribute is one dict store (no loop, no `zip`)."""
     stores = [
         f"    attrs[{n!r}] = children[{i}]" for i, n in enumerate(layout.child_names)
@@ -483,22 +463,30 @@ def filled_unflatten(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], A
     return namespace["unflatten"]
 
 
+def unflatten_filled(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
+    """Unflatten that fills the attributes in at once: with code generated for the
+    node's layout when it is plain, else through `materialise`."""
+    layout = aux[0]
+    fill = layout.fill
+    if fill is None:
+        fill = layout.fill = (
+            _generated_fill(layout) if layout.plain else unflatten_eager
+        )
+    return fill(cls, aux, children)
+
+
 Flatten = tuple[tuple[Any, ...], Aux]
 
 
 def flatten_functions(
-    cls: type,
-    provisional: Callable[[Any], Flatten],
-    *,
-    fixed_kinds: tuple[int, ...] | None = None,
+    cls: type, provisional: Callable[[Any], Flatten], *, filled: bool = False
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """Flatten, flatten-with-keys and unflatten for the new class `cls`.
 
     Flatten reads the slot; an instance flattened before its partition was stored
     (from inside its own `__init__` or `__check_init__`) gets `provisional(obj)`.
-    Unflatten is lazy, unless a base shadows a field (`needs_eager`). A class whose
-    every instance has the same kinds (`fixed_kinds`: a twin of an Equinox layer)
-    gets an unflatten generated for that layout, which fills the attributes in.
+    Unflatten is lazy, unless `filled` (twins of Equinox layers, whose attributes are
+    read at once) or a base shadows a field (`needs_eager`).
     """
 
     def flatten(obj: Any) -> Flatten:
@@ -511,19 +499,13 @@ def flatten_functions(
         children, aux = flatten(obj)
         return tuple(zip(aux.layout.child_keys, children)), aux
 
-    if fixed_kinds is not None:
-        node_unflatten = filled_unflatten(layout_for(cls, fixed_kinds))
-    else:
-        node_unflatten = unflatten_eager if needs_eager(cls) else unflatten
-    _unflatten_of[cls] = node_unflatten
-    return flatten, flatten_with_keys, node_unflatten
-
-
-# The unflatten registered for each class with a partition slot, so that
-# `unwrap_static_leaves` rebuilds such a node without asking JAX.
-_unflatten_of: "weakref.WeakKeyDictionary[type, Callable[..., Any]]" = (
-    weakref.WeakKeyDictionary()
-)
+    if filled:
+        return flatten, flatten_with_keys, unflatten_filled
+    return (
+        flatten,
+        flatten_with_keys,
+        unflatten_eager if needs_eager(cls) else unflatten,
+    )
 
 
 def moved_defaults(cls: type) -> set[str]:

@@ -30,7 +30,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._containers import ContainerPath
+from ._compat import install_flatten_generator
+from ._containers import ContainerPath, freeze
 from ._layout import (
     Aux,
     CHILD_KINDS,
@@ -39,7 +40,7 @@ from ._layout import (
     fields_of,
     Flatten,
     flatten_functions as layout_flatten_functions,
-    is_automodule,
+    has_partition,
     layout_for,
     make_aux,
     map_preserving,
@@ -52,7 +53,7 @@ from ._layout import (
     unflatten,
 )
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
-from ._twins import freeze_and_twin
+from ._twins import is_twin_class, is_twinned_class, twin_class
 
 MISSING: Final = object()
 
@@ -100,11 +101,17 @@ def _leaf_paths(value: Any) -> list[str]:
     return [jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(value)[0]]
 
 
+# Leaves that are static, compare in C, hide no array and are never a container.
+_PLAIN_STATIC_TYPES: Final = frozenset({int, float, bool, str, complex, bytes})
+
+
 def _split_field(
     qualname: str, name: str, value: Any, forced_static: bool, warn: bool
 ) -> tuple[int, Any]:
     """Returns the kind of one field and its child or static value (in a `StaticLeaf`
     if it is STATIC_COMPARED_IN_PYTHON)."""
+    if type(value) in _PLAIN_STATIC_TYPES:
+        return STATIC, value  # the sizes and flags of every layer: nothing to check
     where = f"{qualname}.{name}"
     if is_dynamic_leaf(value):
         leaves = [value]
@@ -242,17 +249,56 @@ def flatten_functions(
     return layout_flatten_functions(cls, _provisional)
 
 
+# Twins of the eqx.nn layers (`_twins`): instances are made, and their partition
+# decided, here; the classes there.
+
+# Per type met while freezing: whether its instances become twins (most are arrays,
+# numbers and functions: one dict lookup each).
+_twinned_types: dict[type, bool] = {}
+
+
+def _to_twin(item: Any, path: ContainerPath) -> Any:
+    cls = type(item)
+    twinned = _twinned_types.get(cls)
+    if twinned is None:
+        twinned = _twinned_types[cls] = is_twinned_class(cls)
+    if not twinned:
+        return item
+    return restore_twin(cls, _object_getattribute(item, "__dict__"))
+
+
+def restore_twin(layer_cls: type, attrs: dict[str, Any]) -> Any:
+    """A twin of class `layer_cls` with the fields `attrs`, its partition decided (the
+    layers inside it twinned, its containers frozen). Also how a twin unpickles."""
+    twin = _object_new(twin_class(layer_cls))
+    _object_getattribute(twin, "__dict__").update(attrs)
+    freeze_partition(twin)
+    return twin
+
+
+def freeze_and_twin(value: Any, path: ContainerPath) -> Any:
+    """`freeze` that also replaces every `eqx.nn` layer reachable through built-in
+    containers by its twin (and, deciding the twin's partition, the layers in it)."""
+    return freeze(value, path, _to_twin)
+
+
+install_flatten_generator(
+    is_twin_class, lambda cls: layout_flatten_functions(cls, _provisional, filled=True)
+)
+
+
 # The exposed form, for model surgery and diagnostics: every field a child.
 
 
 def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`fn` on every AutoModule and twin in `tree` (not inside them)."""
     return jtu.tree_map(
-        lambda x: fn(x) if is_automodule(x) else x, tree, is_leaf=is_automodule
+        lambda x: fn(x) if has_partition(x) else x, tree, is_leaf=has_partition
     )
 
 
 def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
-    """A copy of `tree` in which every AutoModule has all its fields as children
+    """A copy of `tree` in which every AutoModule (and twin) has all its fields as children
     (except, with `keep_declared_static`, those declared `eqx.field(static=True)`, as
     an `eqx.Module` would flatten them)."""
 
@@ -275,7 +321,8 @@ def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
 
 
 def refreeze(tree: Any) -> Any:
-    """Decides the partition of every AutoModule in `tree` from its current values."""
+    """Decides the partition of every AutoModule and twin in `tree` from its current
+    values."""
 
     def refreeze_module(module: Any) -> Any:
         cls = type(module)

@@ -19,15 +19,16 @@ from typing import Any
 import jax.tree_util as jtu
 
 from ._compat import original_inference_mode, original_tree_at, route_surgery
-from ._layout import is_automodule
-from ._partition import expose, is_dynamic_leaf, refreeze
-from ._twins import freeze_and_twin, is_twin
+from ._layout import has_partition
+from ._partition import expose, freeze_and_twin, is_dynamic_leaf, refreeze
+from ._twins import is_twin
 
 _sentinel: Any = object()
 
 
 def _contains_automodule(tree: Any) -> bool:
-    return any(map(is_automodule, jtu.tree_leaves(tree, is_leaf=is_automodule)))
+    """Whether `tree` holds an AutoModule (or a twin of an `eqx.nn` layer)."""
+    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
 
 
 def _arrays_only(tree: Any) -> bool:

@@ -7,44 +7,26 @@ AutoModule's own flatten is one slot read, but a model of `eqx.nn.Linear` layers
 mostly Linear nodes, so it flattened as slowly as an `eqx.Module` (1.00x, 256 layers).
 
 When an AutoModule freezes its fields, each `eqx.nn` layer in them is replaced by an
-instance of the layer's *twin*: a subclass created here once per layer class
-(`isinstance(layer, eqx.nn.Linear)` holds; name, repr, methods and `__init__` are the
-layer's) whose node is stored like an AutoModule's (`_layout`): `(children, aux)` in
-a slot, an unflatten generated for its layout that fills the attributes in, methods
-bound by descriptors. The partition is Equinox's:
-fields marked `eqx.field(static=True)` are aux data and every other field is a child
-as it is, so key paths, leaves and retraces are those of the original layer.
+instance of the layer's *twin* (`_partition.freeze_and_twin`): a subclass created here
+once per layer class (`isinstance(layer, eqx.nn.Linear)` holds; name, repr, methods
+and `__init__` are the layer's) whose node is an AutoModule's: `(children, aux)` in a
+slot, the partition decided from the values (fields marked `eqx.field(static=True)`
+stay static), an unflatten that fills the attributes in, methods bound by descriptors.
+Its key paths and array leaves are those of the original layer.
 
 Only classes defined in `equinox.nn` are twinned, and not `StateIndex`, which Equinox
 checks by exact type: a user's own `eqx.Module` class may have `__init_subclass__`
 side effects or `type(x) is` checks that a subclass would break.
 """
 
-import dataclasses
 import inspect
 import threading
 from typing import Any
 
 import equinox as eqx
-import jax.tree_util as jtu
 
 from ._bound_method import MethodDescriptor, wraps_as_method
-from ._compat import install_flatten_generator
-from ._containers import ContainerPath, freeze
-from ._layout import (
-    DYNAMIC,
-    fields_of,
-    Flatten,
-    flatten_functions,
-    is_automodule_class,
-    layout_for,
-    make_aux,
-    materialise,
-    Partitioned,
-    prepare_class,
-    set_partition,
-    STATIC,
-)
+from ._layout import is_automodule_class, materialise, Partitioned, prepare_class
 
 _TWIN_OF = "_autostatic_twin_of"  # class attribute of a twin: its layer class
 _twins: dict[type, type] = {}
@@ -61,12 +43,19 @@ def is_twin(x: Any) -> bool:
     return _TWIN_OF in vars(type(x))
 
 
-def _twinned(cls: type) -> bool:
+def layer_of(twin_cls: type) -> type:
+    """The layer class a twin class stands for."""
+    return vars(twin_cls)[_TWIN_OF]
+
+
+def is_twinned_class(cls: type) -> bool:
+    """A layer class whose instances inside an AutoModule become twins."""
     return (
         cls.__module__.startswith("equinox.nn.")
         and issubclass(cls, eqx.Module)
         and not issubclass(cls, eqx.nn.StateIndex)
         and not is_automodule_class(cls)
+        and not is_twin_class(cls)  # a twin already
     )
 
 
@@ -78,8 +67,10 @@ class _TwinBase(Partitioned):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # By the layer class: a twin class is made at run time, pickle cannot name it.
-        layer_cls = vars(type(self))[_TWIN_OF]
-        return (_restore, (layer_cls, dict(materialise(self))))
+        # Imported here: `_partition` (which decides partitions) imports this module.
+        from ._partition import restore_twin
+
+        return (restore_twin, (layer_of(type(self)), dict(materialise(self))))
 
 
 def twin_class(cls: type) -> type:
@@ -114,83 +105,8 @@ def _make_twin_class(cls: type) -> type:
                 and inspect.getattr_static(cls, name) is value
             ):
                 namespace[name] = MethodDescriptor(value, name)
-    # Equinox's metaclass makes the dataclass and registers it; `flatten_functions`
-    # answers its call for the flatten functions (claimed by `is_twin_class`).
+    # Equinox's metaclass makes the dataclass and registers it; `_partition` answers
+    # its call for the flatten functions (claimed by `is_twin_class`).
     twin = type(cls)(cls.__name__, (cls, _TwinBase), namespace)
-    prepare_class(twin, equinox_partition=True)
+    prepare_class(twin, twin=True)
     return twin
-
-
-def _equinox_kinds(cls: type) -> tuple[int, ...]:
-    """Equinox's partition: declared-static fields in the aux data, every other
-    field a child as it is."""
-    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # an eqx.Module is a dataclass
-    return tuple(STATIC if f.metadata.get("static", False) else DYNAMIC for f in fields)
-
-
-def provisional_partition(obj: Any) -> Flatten:
-    """The partition of a twin (also of one built by calling its class)."""
-    cls = type(obj)
-    spec = fields_of(cls)
-    attrs = _object_getattribute(obj, "__dict__")
-    children, static_values = [], []
-    for name, declared_static in zip(spec.names, spec.declared_static):
-        value = attrs.get(name, spec.defaults.get(name))
-        (static_values if declared_static else children).append(value)
-    layout = layout_for(cls, _equinox_kinds(cls))
-    return tuple(children), make_aux(layout, tuple(static_values))
-
-
-# Per type met by `_to_twin`: its layer class if it is a twin, True if it is a layer
-# class to twin, False otherwise (arrays, numbers, functions: most calls).
-_kinds_of_types: dict[type, type | bool] = {}
-
-
-def _kind_of_type(cls: type) -> type | bool:
-    kind = vars(cls).get(_TWIN_OF) or _twinned(cls)
-    _kinds_of_types[cls] = kind
-    return kind
-
-
-def _to_twin(layer: Any, path: ContainerPath) -> Any:
-    """`layer` as an instance of its twin, with the layers inside it twinned and its
-    containers frozen; other objects as they are."""
-    cls = type(layer)
-    kind = _kinds_of_types.get(cls)
-    if kind is None:
-        kind = _kind_of_type(cls)
-    if kind is False:
-        return layer
-    twin_of = None if kind is True else kind
-    source = materialise(layer) if twin_of else _object_getattribute(layer, "__dict__")
-    attrs = {
-        name: freeze_and_twin(value, (*path, jtu.GetAttrKey(name)))
-        for name, value in source.items()
-    }
-    if twin_of is not None and all(attrs[n] is v for n, v in source.items()):
-        return layer  # a twin already, with nothing inside to change
-    twin = _object_new(twin_class(twin_of or cls))
-    _object_getattribute(twin, "__dict__").update(attrs)
-    set_partition(twin, provisional_partition(twin))
-    return twin
-
-
-def freeze_and_twin(value: Any, path: ContainerPath) -> Any:
-    """`freeze` that also replaces every `eqx.nn` layer reachable through built-in
-    containers and layer fields by its twin."""
-    return freeze(value, path, _to_twin)
-
-
-def _restore(layer_cls: type, attrs: dict[str, Any]) -> Any:
-    twin = _object_new(twin_class(layer_cls))
-    _object_getattribute(twin, "__dict__").update(attrs)
-    set_partition(twin, provisional_partition(twin))
-    return twin
-
-
-install_flatten_generator(
-    is_twin_class,
-    lambda cls: flatten_functions(
-        cls, provisional_partition, fixed_kinds=_equinox_kinds(cls)
-    ),
-)
