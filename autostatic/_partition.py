@@ -21,6 +21,7 @@ twins (`_twins`). This module also gives the exposed form used by model surgery 
 diagnostics (`expose`, `refreeze`).
 """
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -213,7 +214,9 @@ def _decide(
             # still running, a field not yet set.
             value = spec.defaults.get(name, MISSING)
         if final:
-            path: ContainerPath = (f"{qualname}.{name}",)
+            # Interned: the path is the aux data of the frozen containers, compared
+            # on every jit cache lookup; equal paths are then the very same string.
+            path: ContainerPath = (sys.intern(f"{qualname}.{name}"),)
             value = freeze_and_twin(value, path)
         values[name] = value
         try:
