@@ -787,6 +787,78 @@ def machine_section(machine: dict[str, Any]) -> list[str]:
     ]
 
 
+def _real_ratio(real: dict[str, Any], model: str, op: str, ref: str) -> str:
+    ratio = real["models"].get(model, {}).get("ratios", {}).get(op, {}).get(ref)
+    return f"{ratio['median']:.2f}x" if ratio else "-"
+
+
+def _training_ratio(training: dict[str, Any], model: str, ref: str) -> str:
+    """Steps per second of autostatic / `ref` (medians of the same run)."""
+    variants = training.get(model, {}).get("variants", {})
+    ours, theirs = variants.get("autostatic / jax.jit"), variants.get(ref)
+    if not ours or not theirs or not theirs.get("steps_per_s"):
+        return "-"
+    return f"{ours['steps_per_s'] / theirs['steps_per_s']:.2f}x"
+
+
+def summary_section(results: dict[str, Any]) -> list[str]:
+    """The short table a user reads first: AutoModule against both baselines (the fair
+    twin: eqx.Module with static fields under `jax.jit`; and what Equinox users run:
+    `eqx.filter_jit`), on the models people write, and where we are slower."""
+    real, training = results.get("real_models"), results.get("training")
+    if not real and not training:
+        return []
+    lines = [
+        "### Summary: AutoModule vs eqx.Module (time ratios, < 1 is faster; "
+        "training: steps/s, > 1 is faster)",
+        "",
+        "| | fair twin: static fields, `jax.jit` | `eqx.filter_jit` |",
+        "|---|---:|---:|",
+    ]
+    slower = []
+    if real:
+        models = [
+            m
+            for m in ("linear-256", "transformer", "mixed-stack")
+            if m in real["models"]
+        ]
+        for op, label in (
+            ("flatten", "flatten"),
+            ("unflatten_read", "unflatten + read every field"),
+            ("dispatch", "jit dispatch"),
+            ("treedef_eq", "treedef =="),
+            ("build", "build (around made layers)"),
+        ):
+            fair = " / ".join(_real_ratio(real, m, op, "eqx-static") for m in models)
+            filt = " / ".join(_real_ratio(real, m, op, "eqx-filter") for m in models)
+            lines.append(f"| {label} ({' / '.join(models)}) | {fair} | {filt} |")
+            for m in models:
+                ratio = (
+                    real["models"][m].get("ratios", {}).get(op, {}).get("eqx-static")
+                )
+                if ratio and ratio["median"] > 1.05:
+                    slower.append(f"{label} on {m} {ratio['median']:.2f}x")
+    if training:
+        for model in ("mlp-32", "transformer"):
+            if model in training:
+                fair = _training_ratio(training, model, "eqx-static / jax.jit")
+                filt = _training_ratio(training, model, "eqx-static / eqx.filter_jit")
+                lines.append(
+                    f"| training step throughput ({model}) | {fair} | {filt} |"
+                )
+    lines += [
+        "",
+        "-: not measurable (the fair twin cannot be passed to plain `jax.jit`: a "
+        "function field Equinox does not mark static). "
+        "Where we are slower than the fair twin: "
+        + ("; ".join(slower) if slower else "nowhere in these rows")
+        + ". A changing Python float is static here and retraces (store it as an "
+        "array); see the retracing table.",
+        "",
+    ]
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     lines = machine_section(results["machine"])
     if results.get("targets"):
@@ -815,6 +887,7 @@ def render(results: dict[str, Any]) -> str:
             + [f"* {e['section']}: {e['error']}" for e in results["errors"]]
             + [""]
         )
+    lines += summary_section(results)
     lines.append(f"Wall time: {results.get('wall_s', float('nan')):.1f} s")
     return "\n".join(lines) + "\n"
 

@@ -108,7 +108,12 @@ def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
     assert real["models"]["linear-256"]["ops_us"]["flatten"]["dict"]["median"] > 0
     real_targets = [t for t in results["targets"] if t["where"].startswith("real: ")]
     assert len(real_targets) == 14
-    assert "### Real models" in (tmp_path / "results.md").read_text()
+    text = (tmp_path / "results.md").read_text()
+    assert "### Real models" in text
+    # The short summary comes last, against both baselines.
+    summary = text[text.index("### Summary: AutoModule vs eqx.Module") :]
+    assert "fair twin" in summary and "eqx.filter_jit" in summary
+    assert "flatten (linear-256" in summary and "Where we are slower" in summary
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
