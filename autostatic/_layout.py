@@ -215,10 +215,12 @@ class StaticLeaf:
 
     __slots__ = ("value", "where", "aux")
 
-    def __init__(self, value: Any, where: str):
+    def __init__(self, value: Any, where: str, aux: Any = None):
         self.value = value
         self.where = where
-        self.aux = self if compares_in_python(value) else (type(value), value)
+        if aux is None:
+            aux = self if compares_in_python(value) else (type(value), value)
+        self.aux = aux
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -243,7 +245,9 @@ class StaticLeaf:
 
 
 def _static_leaf_unflatten(aux: Any, _: Any) -> StaticLeaf:
-    return aux if type(aux) is StaticLeaf else StaticLeaf(aux[1], "")
+    # The `(type, value)` aux is passed on as it is: no second type check, and the
+    # unflattened node's aux is the same object, compared by identity.
+    return aux if type(aux) is StaticLeaf else StaticLeaf(aux[1], "", aux)
 
 
 jtu.register_pytree_node(StaticLeaf, lambda s: ((), s.aux), _static_leaf_unflatten)
@@ -335,71 +339,14 @@ def map_preserving(
         stack[-1][5].append(rebuilt)
 
 
-_KEEP, _STATIC_LEAF, _SEQUENCE, _OTHER = range(4)
-_unwrap_kinds: dict[type, int] = {}
-
-
-def _unwrap_kind(x: Any) -> int:
-    """How `unwrap_static_leaves` treats objects of `type(x)` (cached per type)."""
-    cls = type(x)
-    kind = _unwrap_kinds.get(cls)
-    if kind is None:
-        if cls is StaticLeaf:
-            kind = _STATIC_LEAF
-        elif hasattr(cls, _SPEC) or cls in _leaf_types:
-            kind = _KEEP  # an AutoModule's or a twin's StaticLeafs are its own
-        elif cls is FrozenList or cls is list or cls is tuple:
-            kind = _SEQUENCE
-        else:
-            return _OTHER  # not cached: could be a leaf type not seen yet
-        _unwrap_kinds[cls] = kind
-    return kind
-
-
 def unwrap_static_leaves(child: Any) -> Any:
     """The attribute value of a mixed child: every `StaticLeaf` replaced by its value,
     rebuilding only the nodes above one, so every other sub-node is the very same
     object as in the child (`eqx.tree_at` finds nodes by identity). A nested
-    AutoModule or twin is kept as it is: the `StaticLeaf`s inside it are its own.
-    Dispatched by type (lists and tuples are rebuilt without JAX's flatten), since
-    this runs on the first read of every lazily unflattened mixed field."""
-
-    def general(x: Any) -> Any:
-        return map_preserving(
-            x, lambda y, _: _unwrap(y), _static_leaf_or_partitioned, path=None
-        )
-
-    def visit(x: Any) -> tuple[bool, Any]:
-        kind = _unwrap_kind(x)
-        if kind == _STATIC_LEAF:
-            return True, x.value
-        if kind == _KEEP:
-            return True, x
-        if kind == _SEQUENCE and x:
-            return False, (_sequence_rebuilder(x), list(x))
-        if kind == _SEQUENCE:
-            return True, x
-        return True, general(x)
-
-    done, result = visit(child)
-    if done:
-        return result
-    # One entry per list or tuple being rebuilt: (node, rebuild, items, new items).
-    stack: list[tuple[Any, Any, list[Any], list[Any]]] = [(child, *result, [])]
-    while True:
-        x, rebuild, children, new = stack[-1]
-        if len(new) < len(children):
-            done, result = visit(children[len(new)])
-            if done:
-                new.append(result)
-            else:
-                stack.append((children[len(new)], *result, []))
-            continue
-        stack.pop()
-        rebuilt = x if all(a is b for a, b in zip(new, children)) else rebuild(new)
-        if not stack:
-            return rebuilt
-        stack[-1][3].append(rebuilt)
+    AutoModule or twin is kept as it is: the `StaticLeaf`s inside it are its own."""
+    return map_preserving(
+        child, lambda x, _: _unwrap(x), _static_leaf_or_partitioned, path=None
+    )
 
 
 class Partitioned:

@@ -270,13 +270,18 @@ def _to_twin(item: Any, path: ContainerPath) -> Any:
     return restore_twin(cls, _object_getattribute(item, "__dict__"))
 
 
+def _decided(cls: type, attrs: Any) -> Any:
+    """A new `cls` instance with the fields `attrs` and its partition decided (the
+    layers inside it twinned, its containers frozen), without calling `__init__`."""
+    obj = _object_new(cls)
+    _object_getattribute(obj, "__dict__").update(attrs)
+    freeze_partition(obj)
+    return obj
+
+
 def restore_twin(layer_cls: type, attrs: dict[str, Any]) -> Any:
-    """A twin of class `layer_cls` with the fields `attrs`, its partition decided (the
-    layers inside it twinned, its containers frozen). Also how a twin unpickles."""
-    twin = _object_new(twin_class(layer_cls))
-    _object_getattribute(twin, "__dict__").update(attrs)
-    freeze_partition(twin)
-    return twin
+    """A twin of class `layer_cls` with the fields `attrs`. Also how a twin unpickles."""
+    return _decided(twin_class(layer_cls), attrs)
 
 
 def freeze_and_twin(value: Any, path: ContainerPath) -> Any:
@@ -330,11 +335,9 @@ def refreeze(tree: Any) -> Any:
     def refreeze_module(module: Any) -> Any:
         cls = type(module)
         attrs = materialise(module)
-        fresh = _object_new(cls)
-        _object_getattribute(fresh, "__dict__").update(
-            (n, _map_modules(refreeze_module, attrs[n])) for n in fields_of(cls).names
+        names = fields_of(cls).names
+        return _decided(
+            cls, ((n, _map_modules(refreeze_module, attrs[n])) for n in names)
         )
-        freeze_partition(fresh)
-        return fresh
 
     return _map_modules(refreeze_module, tree)
