@@ -95,11 +95,18 @@ class Layout:
         "static_names",
         "compared_in_python",
         "plain",
-        "interned_types",
+        "static_types",
+        "split",
+        "typed",
         "fill",
     )
 
-    def __init__(self, cls: type, kinds: tuple[int, ...]):
+    def __init__(
+        self,
+        cls: type,
+        kinds: tuple[int, ...],
+        static_types: tuple[type, ...] | None = None,
+    ):
         names = [f.name for f in dataclasses.fields(cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
         child_kinds = [k for k in kinds if k in CHILD_KINDS]
         static_kinds = [k for k in kinds if k not in CHILD_KINDS]
@@ -117,10 +124,26 @@ class Layout:
         )
         # Children and static values are the attribute values as they are.
         self.plain = not (self.mixed or self.compared_in_python)
-        self.interned_types: dict[tuple[type, ...], tuple[type, ...]] = {}
+        # None for the layout of a split; the types of the static values for each
+        # layout an instance's aux holds, one per distinct types tuple (`typed`).
+        self.static_types = static_types
+        self.split: Layout = self
+        self.typed: dict[tuple[type, ...], Layout] = {}
         self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
 
+    def with_types(self, static_types: tuple[type, ...]) -> "Layout":
+        """This split with these static value types, one object per types tuple."""
+        split = self.split
+        try:
+            return split.typed[static_types]
+        except KeyError:
+            typed = Layout(self.cls, self.kinds, static_types)
+            typed.split = split
+            return split.typed.setdefault(static_types, typed)
+
     def __reduce__(self):
+        # The split only: `type(f)` of a function cannot be pickled, and an Aux
+        # recomputes the types from its values (`Aux.__reduce__`).
         return (layout_for, (self.cls, self.kinds))
 
     def __repr__(self) -> str:
@@ -145,12 +168,13 @@ def layout_for(cls: type, kinds: tuple[int, ...]) -> Layout:
 
 
 class Aux(tuple):
-    """The aux data of an AutoModule node: `(layout, static_types, *static_values)`.
+    """The aux data of an AutoModule node: `(layout, *static_values)`.
 
     A flat tuple, so that JAX's treedef comparison (what every jit cache lookup does,
-    as a treedef hash ignores aux data) runs in C: the layout by identity, the static
-    values' types (so that `1`, `1.0` and `True`, equal under `==`, do not share a
-    compiled program), then each static value with `==`. A subclass adds the names
+    as a treedef hash ignores aux data) runs in C: the layout by identity, which
+    also compares the static values' types (one layout object per class, split and
+    types, so that `1`, `1.0` and `True`, equal under `==`, do not share a compiled
+    program), then each static value with `==`. A subclass adds the names
     without changing that comparison (measured in design.md; a NamedTuple would
     need the static values nested in a tuple of their own, 13% slower to compare).
     A static value whose type compares in Python is kept in a `StaticLeaf`, whose
@@ -165,11 +189,13 @@ class Aux(tuple):
 
     @property
     def static_types(self) -> tuple[type, ...]:
-        return self[1]
+        types = self[0].static_types
+        assert types is not None  # made by `make_aux`
+        return types
 
     @property
     def static_values(self) -> tuple[Any, ...]:
-        return self[2:]
+        return self[1:]
 
     def __reduce__(self):
         # `type(f)` of a function is not picklable, and the types follow from the
@@ -178,11 +204,10 @@ class Aux(tuple):
 
 
 def make_aux(layout: Layout, static_values: tuple[Any, ...]) -> Aux:
-    types = tuple(map(type, static_values))
-    # One tuple object per distinct types tuple of a layout: comparing the aux data
-    # of two separately built nodes then finds the types identical at once.
-    types = layout.interned_types.setdefault(types, types)
-    return Aux((layout, types, *static_values))
+    """The aux data of a node of `layout` (a split, or a typed layout of that split)
+    holding `static_values`."""
+    typed = layout.with_types(tuple(map(type, static_values)))
+    return Aux((typed, *static_values))
 
 
 def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
@@ -197,6 +222,9 @@ def _uncomparable(where: str, a: Any, b: Any, err: Exception) -> TypeError:
 def static_equal(a: Any, b: Any) -> bool:
     """Static values as the jit cache compares them: same type, then `==`."""
     return a is b or (type(a) is type(b) and bool(a == b))
+
+
+_identity_eq: Final = object.__eq__
 
 
 def compares_in_python(value: Any) -> bool:
@@ -219,7 +247,12 @@ class StaticLeaf:
         self.value = value
         self.where = where
         if aux is None:
-            aux = self if compares_in_python(value) else (type(value), value)
+            if compares_in_python(value):
+                aux = self
+            elif type(value).__eq__ is _identity_eq:
+                aux = value  # equal only to itself, so of the same type too
+            else:
+                aux = (type(value), value)
         self.aux = aux
 
     def __eq__(self, other: object) -> bool:
@@ -245,9 +278,11 @@ class StaticLeaf:
 
 
 def _static_leaf_unflatten(aux: Any, _: Any) -> StaticLeaf:
-    # The `(type, value)` aux is passed on as it is: no second type check, and the
-    # unflattened node's aux is the same object, compared by identity.
-    return aux if type(aux) is StaticLeaf else StaticLeaf(aux[1], "", aux)
+    # The aux is passed on as it is: no second type check, and the unflattened
+    # node's aux is the same object, compared by identity.
+    if type(aux) is StaticLeaf:
+        return aux
+    return StaticLeaf(aux[1] if type(aux) is tuple else aux, "", aux)
 
 
 jtu.register_pytree_node(StaticLeaf, lambda s: ((), s.aux), _static_leaf_unflatten)
@@ -389,7 +424,7 @@ def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], An
         f"    attrs[{n!r}] = children[{i}]" for i, n in enumerate(layout.child_names)
     ]
     stores += [
-        f"    attrs[{n!r}] = aux[{i + 2}]" for i, n in enumerate(layout.static_names)
+        f"    attrs[{n!r}] = aux[{i + 1}]" for i, n in enumerate(layout.static_names)
     ]
     source = "\n".join(
         [

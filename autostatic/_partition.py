@@ -32,7 +32,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._compat import install_flatten_generator
-from ._containers import ContainerPath, freeze
+from ._containers import ContainerPath, freeze, FrozenList
 from ._layout import (
     Aux,
     CHILD_KINDS,
@@ -105,16 +105,36 @@ def _leaf_paths(value: Any) -> list[str]:
 # Leaves that are static, compare in C, hide no array and are never a container.
 _PLAIN_STATIC_TYPES: Final = frozenset({int, float, bool, str, complex, bytes})
 
+# Exact types found to be array leaves that need no per-value check (jax arrays,
+# tracers, numpy scalars; not numpy arrays, whose dtype may be `object`): whether a
+# type is an array does not depend on the value, so the weights of every layer skip
+# `eqx.is_array`'s isinstance chain and the container walk.
+_plain_array_types: set[type] = set()
+
+
+def _plain_kind(value: Any, forced_static: bool) -> int | None:
+    """STATIC or DYNAMIC for a value that needs neither freezing nor checks, else
+    None."""
+    kind = type(value)
+    if kind in _PLAIN_STATIC_TYPES:
+        return STATIC  # the sizes and flags of every layer
+    if kind in _plain_array_types and not forced_static:
+        return DYNAMIC
+    return None
+
 
 def _split_field(
     qualname: str, name: str, value: Any, forced_static: bool, warn: bool
 ) -> tuple[int, Any]:
     """Returns the kind of one field and its child or static value (in a `StaticLeaf`
     if it is STATIC_COMPARED_IN_PYTHON)."""
-    if type(value) in _PLAIN_STATIC_TYPES:
-        return STATIC, value  # the sizes and flags of every layer: nothing to check
+    plain = _plain_kind(value, forced_static)
+    if plain is not None:
+        return plain, value
     where = f"{qualname}.{name}"
     if is_dynamic_leaf(value):
+        if type(value) is not np.ndarray:
+            _plain_array_types.add(type(value))
         leaves = [value]
         flags = [True]
         treedef = None
@@ -147,7 +167,7 @@ def _split_field(
         kind = MIXED
     paths = None
     for i, (leaf, flag) in enumerate(zip(leaves, flags)):
-        if flag or not warn:
+        if flag or not warn or type(leaf) in _PLAIN_STATIC_TYPES:
             continue
         problem = _static_problem(leaf)
         if problem is not None:
@@ -159,10 +179,35 @@ def _split_field(
             return STATIC_COMPARED_IN_PYTHON, StaticLeaf(value, where)
         return STATIC, value
 
-    def wrap(leaf: Any, path: str) -> Any:
-        return leaf if is_dynamic_leaf(leaf) else StaticLeaf(leaf, where + path)
+    if type(value) is FrozenList:
+        wrapped = _wrapped_items(value, leaves, where)
+        if wrapped is not None:
+            return MIXED, wrapped
 
-    return MIXED, map_preserving(value, wrap)
+    def wrap(leaf: Any, path: str) -> Any:
+        # A module with a partition flattens to arrays only: nothing to wrap inside.
+        if is_dynamic_leaf(leaf) or has_partition(leaf):
+            return leaf
+        return StaticLeaf(leaf, where + path)
+
+    return MIXED, map_preserving(value, wrap, has_partition)
+
+
+def _wrapped_items(value: FrozenList, leaves: list[Any], where: str) -> Any:
+    """The mixed list `value` with its non-array leaf items wrapped, when every item
+    is a leaf or a module with a partition (a stack of layers and activations);
+    else None (nested containers take `map_preserving`)."""
+    leaf_ids = set(map(id, leaves))
+    items = []
+    for i, item in enumerate(value):
+        if type(item) in _plain_array_types or has_partition(item):
+            items.append(item)
+        elif id(item) in leaf_ids:
+            dynamic = is_dynamic_leaf(item)
+            items.append(item if dynamic else StaticLeaf(item, f"{where}[{i}]"))
+        else:
+            return None
+    return FrozenList(items, value._path)  # pyright: ignore[reportPrivateUsage]
 
 
 class _ContainsItself(Exception):
@@ -195,6 +240,19 @@ def compute_partition(
         deciding.discard(id(obj))
 
 
+# The path is the aux data of the frozen containers, compared on every jit cache
+# lookup: one tuple object per field, so that two models' paths are the same object.
+_field_paths: dict[tuple[str, str], ContainerPath] = {}
+
+
+def _field_path(qualname: str, name: str) -> ContainerPath:
+    try:
+        return _field_paths[qualname, name]
+    except KeyError:
+        path = (sys.intern(f"{qualname}.{name}"),)
+        return _field_paths.setdefault((qualname, name), path)
+
+
 def _decide(
     obj: Any, final: bool
 ) -> tuple[dict[str, Any], tuple[tuple[Any, ...], Aux]]:
@@ -213,11 +271,14 @@ def _decide(
             # A default that a custom __init__ left alone, or, while __init__ is
             # still running, a field not yet set.
             value = spec.defaults.get(name, MISSING)
+        plain = _plain_kind(value, forced_static)
+        if plain is not None:
+            values[name] = value
+            (children if plain == DYNAMIC else static_values).append(value)
+            kinds.append(plain)
+            continue
         if final:
-            # Interned: the path is the aux data of the frozen containers, compared
-            # on every jit cache lookup; equal paths are then the very same string.
-            path: ContainerPath = (sys.intern(f"{qualname}.{name}"),)
-            value = freeze_and_twin(value, path)
+            value = freeze_and_twin(value, _field_path(qualname, name))
         values[name] = value
         try:
             kind, part = _split_field(qualname, name, value, forced_static, final)

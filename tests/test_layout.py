@@ -29,19 +29,23 @@ def test_aux_is_a_flat_tuple_with_named_accessors():
     assert aux.layout.static_names == ("scale", "name")
     assert aux.static_types == (float, str)
     assert aux.static_values == (0.5, "p")
-    assert tuple(aux) == (aux.layout, (float, str), 0.5, "p")
+    assert tuple(aux) == (aux.layout, 0.5, "p")
 
 
-def test_equal_types_tuples_are_one_object_and_1_1_0_true_differ():
+def test_one_layout_object_per_types_and_1_1_0_true_differ():
     a, b = _aux(Pair(jnp.ones(2), 0.5, "p")), _aux(Pair(jnp.zeros(2), 1.5, "q"))
-    assert a.static_types is b.static_types  # compared by identity in treedef ==
-    assert _aux(Pair(jnp.ones(2), 1, "p")) != _aux(Pair(jnp.ones(2), 1.0, "p"))
+    assert a.layout is b.layout  # compared by identity in treedef ==
+    one, one_f, true = (_aux(Pair(jnp.ones(2), v, "p")) for v in (1, 1.0, True))
+    assert one != one_f and one != true and one_f != true
+    assert one.layout is not one_f.layout and one.layout.split is one_f.layout.split
+    assert make_aux(one_f.layout, (1, "p")) == one  # re-typed from any layout
 
 
 def test_aux_and_static_leaves_pickle_with_function_types():
     aux = make_aux(_aux(Pair(jnp.ones(2), 0.5, "p")).layout, (len, "x"))
     again = pickle.loads(pickle.dumps(aux))
     assert again == aux and again.static_types == (type(len), str)
+    assert again.layout is aux.layout
     leaf = pickle.loads(pickle.dumps(StaticLeaf(len, "Net.f")))
     assert leaf.value is len and leaf.aux == (type(len), len)
 

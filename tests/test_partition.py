@@ -331,3 +331,36 @@ def test_a_module_nested_in_a_mixed_field_keeps_its_own_static_leaves():
     assert inner.xs[1] is jax.nn.relu and rebuilt.items[1] == "tag"
     assert len(jax.tree_util.tree_leaves(inner)) == 1  # relu is still static
     assert jax.jit(lambda m: m.xs[0] + 1)(inner) == 2
+
+
+def test_flat_mixed_lists_split_like_nested_ones():
+    """A list of layers, arrays and plain values is wrapped item by item (the fast
+    path); one with a nested container takes the general walk. Both give the same
+    structure for the same items, and the same values back."""
+
+    class Net(asx.AutoModule):
+        items: list
+
+    linear = eqx.nn.Linear(2, 2, key=KEY)
+    flat = [linear, jax.nn.relu, jnp.ones(2), 3, "x", 1.5, eqx.nn.Dropout(0.1)]
+    fast, general = Net(flat), Net([*flat, (jnp.ones(1),)])
+    fast_paths = [jax.tree_util.keystr(p) for p, _ in jtu_paths(fast)]
+    assert (
+        fast_paths
+        == [jax.tree_util.keystr(p) for p, _ in jtu_paths(general)][: len(fast_paths)]
+    )
+    assert fast_paths == [".items[0].weight", ".items[0].bias", ".items[2]"]
+    rebuilt = jax.tree_util.tree_map(lambda x: x, fast)
+    assert rebuilt.items[1] is jax.nn.relu and rebuilt.items[3:6] == [3, "x", 1.5]
+    # 1 and 1.0 (equal under ==) must not share a treedef.
+    assert jax.tree_util.tree_structure(Net([jnp.ones(1), 1])) != (
+        jax.tree_util.tree_structure(Net([jnp.ones(1), 1.0]))
+    )
+    assert jax.tree_util.tree_structure(Net(list(flat))) == (
+        jax.tree_util.tree_structure(fast)
+    )
+    assert jax.jit(lambda m: m.items[1](m.items[2]))(fast).shape == (2,)
+
+
+def jtu_paths(tree: Any) -> list[Any]:
+    return jax.tree_util.tree_flatten_with_path(tree)[0]
