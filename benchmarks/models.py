@@ -611,15 +611,14 @@ def make_jitted(
     compiled function never sees a later change in it (it goes stale instead of
     retracing), which is why the floor is no reference where static values change.
     """
-    if impl == "dict":
 
-        def body(params: Any, *args: Any) -> Any:
-            return fn(merge(params, cfg), *args)
-    else:
+    def merged(params: Any, *args: Any) -> Any:
+        return fn(merge(params, cfg), *args)
 
-        def body(tree: Any, *args: Any) -> Any:
-            return fn(tree, *args)
+    def plain(tree: Any, *args: Any) -> Any:
+        return fn(tree, *args)
 
+    body: Callable[..., Any] = merged if impl == "dict" else plain
     if jit == JAX_JIT:
         return jax.jit(body)
     if jit == FILTER_JIT:

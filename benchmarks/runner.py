@@ -16,12 +16,14 @@
 Results go to `--out DIR`, by default `benchmarks/out/<backend>/` (ignored by git), so
 ad-hoc runs never touch the checkout; only `--write-results` writes the committed
 `benchmarks/results/<backend>/` (refused with `--smoke` and `--only`). Each holds
-`results.json`, `results.md` (the printed tables) and PNG plots; the last lines printed
-name the files written. The backend is whatever JAX picks (`JAX_PLATFORMS` is
+`results.json`, `results.md` (the printed tables) and PNG plots; the summary at the end of the
+output names the files written. The backend is whatever JAX picks (`JAX_PLATFORMS` is
 respected), so the same command runs on CPU, GPU and TPU.
 
-Progress goes to stderr, one line per step: `[  33.1 s] 3/14 tree ops + dispatch: ...`
-(time so far, step k of n).
+Progress goes to stderr, one line per step:
+`[  33.1 s] 3/14 tree ops + dispatch: mlp-256, ETA ~40 s` (time so far, step k of n,
+and a rough estimate of the time left: each step still to run, this one included, at the
+mean time of the steps of its kind run so far, else of all steps so far).
 
 The exit status is 0 whether targets are met or missed (benchmarks are not tests); it
 is 1 only if a section crashed (the others still run and the results are still written),
@@ -59,6 +61,7 @@ MODES: dict[str, S.Settings] = {
         group_budget_s=0.5,
         target_group_budget_s=0.5,
         retrace_repeats=3,
+        contrast_calls=3,
         adam_steps=5,
         ttfc_reps=1,
         ttfc_forward_reps=0,
@@ -80,6 +83,7 @@ MODES: dict[str, S.Settings] = {
         group_budget_s=2.0,
         target_group_budget_s=6.0,
         retrace_repeats=20,
+        contrast_calls=5,
         adam_steps=200,
         ttfc_reps=7,
         ttfc_forward_reps=0,
@@ -101,6 +105,7 @@ MODES: dict[str, S.Settings] = {
         group_budget_s=None,
         target_group_budget_s=None,
         retrace_repeats=20,
+        contrast_calls=5,
         adam_steps=200,
         ttfc_reps=15,
         ttfc_forward_reps=5,
@@ -129,6 +134,9 @@ SECTIONS: dict[str, str] = {
     "serialisation": "checkpoint save / load vs Equinox (skipped in --smoke)",
     "real_models": "eqx.nn layers inside user modules",
 }
+
+
+REAL_MODELS_STEP = "real models (eqx.nn layers in user modules)"
 
 
 def _sizes_arg(text: str) -> tuple[int, ...]:
@@ -389,6 +397,34 @@ def _real_models(settings: S.Settings) -> dict[str, Any]:
     return real_models.run(settings)
 
 
+def _kind(label: str) -> str:
+    """The kind of a step, for the ETA: its label up to the first `:` or ` (`."""
+    return label.split(":")[0].split(" (")[0].strip()
+
+
+def eta_text(
+    done: list[tuple[str, float]], remaining: list[tuple[str, float | None]]
+) -> str:
+    """`, ETA ~40 s`: the steps still to run (this one included, each a `(kind, budget)`
+    pair), each estimated by the mean time of the steps of its kind run so far, else by
+    its timing budget where it has one (a lower bound: compiling comes on top) or the
+    mean of every step so far, whichever is larger. Empty before the first step has
+    finished (nothing to estimate from)."""
+    if not done or not remaining:
+        return ""
+    overall = sum(s for _, s in done) / len(done)
+    by_kind: dict[str, list[float]] = {}
+    for kind, seconds in done:
+        by_kind.setdefault(kind, []).append(seconds)
+    left = sum(
+        sum(by_kind[k]) / len(by_kind[k]) if k in by_kind else max(overall, b or 0.0)
+        for k, b in remaining
+    )
+    if left >= 90:
+        return f", ETA ~{left / 60:.0f} min"
+    return f", ETA ~{max(1.0, left):.0f} s"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = _settings(args)
@@ -434,8 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True
         )
 
-    def section(name: str, fn: Callable[[], Any], progress: str = "") -> Any:
-        log(f"{progress}{name}")
+    def section(
+        name: str, fn: Callable[[], Any], progress: str = "", eta: str = ""
+    ) -> Any:
+        log(f"{progress}{name}{eta}")
         try:
             with (
                 frozen_heap()
@@ -458,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     # Every step of the run: (label, what it runs, where its result goes), planned
     # up front so that the progress lines can say "step k of n".
     steps: list[tuple[str, Callable[[], Any], Callable[[Any], None]]] = []
+    # The wall budgets of the steps that have one (by label), for the ETA.
+    budgets: dict[str, float] = {}
 
     def store(key: str, sub: str | None = None) -> Callable[[Any], None]:
         def put(res: Any) -> None:
@@ -482,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             else:
+                budget = _budget(model, settings)
+                if budget is not None:
+                    budgets[f"tree ops + dispatch: {model}"] = budget
                 steps.append(
                     (
                         f"tree ops + dispatch: {model}",
@@ -532,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     if "training" in sections:
         trained = [f"mlp-{n}" for n in settings.train_sizes]
         for model in trained + (["transformer"] if settings.train_transformer else []):
+            if settings.train_budget_s is not None:
+                budgets[f"training step ({model})"] = settings.train_budget_s
             steps.append(
                 (
                     f"training step ({model})",
@@ -554,16 +599,22 @@ def main(argv: list[str] | None = None) -> int:
                 "error": "not run in --smoke mode",
             }
     if "real_models" in sections:
+        if settings.target_group_budget_s is not None:  # four models, one run each
+            budgets[REAL_MODELS_STEP] = 4 * settings.target_group_budget_s
         steps.append(
             (
-                "real models (eqx.nn layers in user modules)",
+                REAL_MODELS_STEP,
                 lambda: _real_models(settings),
                 store("real_models"),
             )
         )
 
+    done: list[tuple[str, float]] = []  # (kind, seconds) of the steps run so far
     for k, (label, fn, put) in enumerate(steps, 1):
-        put(section(label, fn, progress=f"{k}/{len(steps)} "))
+        eta = eta_text(done, [(_kind(x), budgets.get(x)) for x, *_ in steps[k - 1 :]])
+        begin = time.perf_counter()
+        put(section(label, fn, progress=f"{k}/{len(steps)} ", eta=eta))
+        done.append((_kind(label), time.perf_counter() - begin))
 
     results["targets"] = (
         section(
@@ -574,11 +625,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         or []
     )
-    results["wall_s"] = time.perf_counter() - start
-    text = report.render(results)
-    print(text, flush=True)
-    (out / "results.md").write_text(text)
-    written = [out / "results.md"]
+    # The files are named in the summary at the end of the output, so the plots are
+    # drawn before the text is rendered (results.json is written last).
+    written = [out / "results.json", out / "results.md"]
     if not args.no_plots:
         results["plots"] = section("plots", lambda: report.plot(results, out)) or []
         written += [out / name for name in results["plots"]]
@@ -586,11 +635,11 @@ def main(argv: list[str] | None = None) -> int:
             results["plots_note"] = (
                 "matplotlib is not installed (pip install -e '.[bench]')"
             )
+    results["files"] = [str(p) for p in written]
     results["wall_s"] = time.perf_counter() - start
+    text = report.render(results)
+    (out / "results.md").write_text(text)
     report.write_json(results, out / "results.json")
-    written.insert(0, out / "results.json")
     log(f"done, {len(results['errors'])} section error(s)")
-    print(f"Files written ({len(written)}):")
-    for path in written:
-        print(f"  {path}", flush=True)
+    print(text, end="", flush=True)  # ends with the summary, which names the files
     return 1 if results["errors"] else 0

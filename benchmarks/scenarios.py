@@ -5,7 +5,9 @@
   dispatch of an already-compiled cheap function, all cells of one model interleaved.
 - `async_dispatch`: K steps of a device-heavy function with host work between them,
   blocking only at the end: how much host work each jit variant hides.
-- `retracing`: trace counts over scripted scenarios, fresh jitted function each.
+- `retracing`: trace counts over scripted scenarios, fresh jitted function each, and
+  the contrasts (`CONTRASTS`): small modules where eqx.Module and AutoModule retrace
+  differently, in both directions.
 - `first_call`: trace + compile + run time of a fresh jitted function (the cheap
   dispatch function; the whole forward pass too in --full).
 - `training`: steps/s of a forward + grad + optax adam step.
@@ -21,6 +23,7 @@ import random
 import re
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +60,7 @@ class Settings:
     )  # wall budget of one interleaved group (after 5 rounds)
     target_group_budget_s: float | None  # the same for the MLP the targets are read on
     retrace_repeats: int  # the "x20" of the retracing scenarios
+    contrast_calls: int  # calls per scenario of the retracing contrasts (`CONTRASTS`)
     adam_steps: int
     ttfc_reps: (
         int  # fresh functions per variant for time to first call (cheap function)
@@ -114,6 +118,9 @@ TREE_OPS: tuple[str, ...] = (
 # Building a 256-layer model takes ~30 ms, 100x a flatten: it is timed in a separate,
 # shorter interleaved run so it does not eat the rounds of the others.
 SLOW_OPS: tuple[str, ...] = ("build",)
+# Reference implementations of the tree-op ratios (no jit involved: `eqx-static` is the
+# fair twin's class, `eqx-filter` the eqx.Module users write without markers).
+TREE_OP_REFS: tuple[str, ...] = ("eqx-static", "eqx-filter", "dict")
 # Reference variants for dispatch ratios.
 DISPATCH_REFS: tuple[tuple[str, str], ...] = (
     ("dict", M.JAX_JIT),
@@ -237,7 +244,9 @@ def tree_ops(
     )
 
     ops: dict[str, dict[str, Any]] = {impl: {} for impl in built}
-    ratios: dict[str, dict[str, dict[str, Any]]] = {"eqx-static": {}, "dict": {}}
+    # References of the paired ratios: the fair twin's class (static fields marked), the
+    # eqx.Module users write without markers, and the dict floor.
+    ratios: dict[str, dict[str, dict[str, Any]]] = {ref: {} for ref in TREE_OP_REFS}
     for impl in built:
         for op in TREE_OPS:
             ops[impl][op] = _stats_us(samples[f"{impl}|{op}"])
@@ -252,7 +261,7 @@ def tree_ops(
         if name in dispatch_fail:
             dispatch[name] = {"fails": dispatch_fail[name]}
             continue
-        entry = _stats_us(samples[f"{name}|dispatch"])
+        entry: dict[str, Any] = dict(_stats_us(samples[f"{name}|dispatch"]))
         entry["ratios"] = {
             M.variant_name(*ref): paired_ratio(
                 samples[f"{name}|dispatch"], samples[f"{M.variant_name(*ref)}|dispatch"]
@@ -289,6 +298,15 @@ ASYNC_VARIANTS: tuple[tuple[str, str], ...] = (
     ("eqx-static", M.FILTER_JIT),
     ("eqx-filter", M.FILTER_JIT),
     ("dict", M.JAX_JIT),
+)
+
+
+# The references of the async wall-time ratios: the fair twin, and eqx.filter_jit on the
+# static-marked and the unmarked eqx.Module.
+ASYNC_REFS: tuple[tuple[str, str], ...] = (
+    ("eqx-static", M.JAX_JIT),
+    ("eqx-static", M.FILTER_JIT),
+    ("eqx-filter", M.FILTER_JIT),
 )
 
 
@@ -399,6 +417,12 @@ def async_dispatch(arrays: Any, settings: Settings) -> dict[str, Any]:
                 if f"{ref_name}|host" in samples
                 else None
             ),
+            # Wall time with host work vs each reference, paired per round (< 1 faster).
+            "wall_ratios": {
+                ref: paired_ratio(samples[f"{name}|host"], samples[f"{ref}|host"])
+                for ref in (M.variant_name(*v) for v in ASYNC_REFS)
+                if f"{ref}|host" in samples
+            },
         }
     return {
         "depth": len(arrays),
@@ -561,6 +585,7 @@ def _run_scenario(
             )
             tree, opt_state = first.tree, init(first.tree)
             y = jnp.zeros_like(x)
+            loss: Any = None
             for _ in range(adam_steps):
                 tree, opt_state, loss = step(tree, opt_state, x, y, None)
             _block(loss)
@@ -593,6 +618,234 @@ def retracing(arrays: Any, settings: Settings) -> dict[str, Any]:
         "repeats": r,
         "scenarios": scenarios,
         "counts": counts,
+        "contrasts": retrace_contrasts(settings.contrast_calls),
+    }
+
+
+# Where eqx.Module and AutoModule retrace differently: small purpose-built modules, one
+# scenario each, called `calls` times with a model rebuilt before every call.
+CONTRAST_VARIANTS: tuple[tuple[str, str], ...] = (
+    ("autostatic", M.JAX_JIT),
+    ("eqx-static", M.JAX_JIT),  # the fair twin
+    ("eqx-static", M.FILTER_JIT),
+    ("eqx-filter", M.FILTER_JIT),  # what Equinox users run without markers
+    ("eqx-filter", M.JAX_JIT),  # only works for models of arrays and numbers
+)
+
+
+@dataclasses.dataclass
+class MutableConfig:
+    """A plain `@dataclass` config object: compared by value, unhashable (eq=True and not
+    frozen sets `__hash__ = None`)."""
+
+    act: str = "tanh"
+    k: int = 3
+
+
+_MASK = np.array([1.0, 0.0, 1.0], np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """One retracing scenario: a module with an array `w` and the fields `fields`
+    (`eqx-static` marks `static` of them with `eqx.field(static=True)`), rebuilt before
+    call `i` with the field values `values(i)`."""
+
+    name: str
+    description: str
+    static: tuple[str, ...]
+    values: Callable[[int], dict[str, Any]]
+    apply: Callable[[Any, jax.Array], jax.Array]
+    why: str
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(self.values(0))
+
+
+CONTRASTS: tuple[Contrast, ...] = (
+    Contrast(
+        "numpy_scalar",
+        "a float hyperparameter taken from a numpy schedule (`np.float64`), a new value "
+        "each call; eqx-static marks the float field static",
+        ("temperature",),
+        lambda i: {"temperature": np.linspace(0.5, 1.0, 64)[i]},
+        lambda m, x: m.w * x / m.temperature,
+        "a numpy scalar is an array to AutoModule (dynamic); a static-marked field makes it "
+        "a compile-time constant, so each new value retraces (Equinox warns)",
+    ),
+    Contrast(
+        "array_marked_static",
+        "a `jnp` scalar (a learned temperature) in a field marked `static=True` by "
+        "mistake, a new value each call",
+        ("temperature",),
+        lambda i: {"temperature": jnp.asarray(0.5 + i / 64)},
+        lambda m, x: m.w * x / m.temperature,
+        "AutoModule never makes an array static; a static-marked array is a compile-time "
+        "constant, so each new value retraces (Equinox warns)",
+    ),
+    Contrast(
+        "numpy_constant_static",
+        "a numpy mask marked static (a constant kept out of the gradients), the model "
+        "rebuilt each call with an equal copy",
+        ("mask",),
+        lambda i: {"mask": _MASK.copy()},
+        lambda m, x: m.w * x * m.mask,
+        "AutoModule makes a numpy array dynamic; eqx compares the static arrays with `==` "
+        "(ambiguous truth value)",
+    ),
+    Contrast(
+        "mutable_config",
+        "a plain (not frozen) `@dataclass` config object, rebuilt equal each call",
+        ("config",),
+        lambda i: {"config": MutableConfig()},
+        lambda m, x: m.w * x * m.config.k,
+        "eqx.filter_jit hashes every non-array leaf (the config is unhashable); "
+        "AutoModule and jax.jit compare static values with `==`",
+    ),
+    Contrast(
+        "list_then_tuple",
+        "int sizes given as a list, then as a tuple (read from a config), alternating",
+        ("sizes",),
+        lambda i: {"sizes": [3, 3] if i % 2 == 0 else (3, 3)},
+        lambda m, x: m.w * x * m.sizes[0],
+        "`[3, 3] != (3, 3)` everywhere: a static list and tuple differ, and so do the "
+        "list and tuple pytree nodes",
+    ),
+    Contrast(
+        "new_partial",
+        "activation `functools.partial(jax.nn.leaky_relu, negative_slope=0.1)` made "
+        "anew at each rebuild",
+        ("activation",),
+        lambda i: {
+            "activation": functools.partial(jax.nn.leaky_relu, negative_slope=0.1)
+        },
+        lambda m, x: m.activation(m.w * x),
+        "partials compare by identity: a new one is a new static value for every "
+        "variant (plain jax.jit cannot take it as a leaf)",
+    ),
+    Contrast(
+        "jnp_scalar",
+        "the hyperparameter stored as a `jnp` scalar, a new value each call (the remedy "
+        "for the float rows below)",
+        (),
+        lambda i: {"temperature": jnp.asarray(0.5 + i / 64)},
+        lambda m, x: m.w * x / m.temperature,
+        "an array is dynamic everywhere: one trace",
+    ),
+    Contrast(
+        "float_unmarked",
+        "a Python float hyperparameter, a new value each call; eqx-static leaves it "
+        "unmarked (a value that changes is not static)",
+        (),
+        lambda i: {"temperature": 0.5 + i / 64},
+        lambda m, x: m.w * x / m.temperature,
+        "a Python float is static in AutoModule and under eqx.filter_jit; plain jax.jit "
+        "makes an unmarked float leaf a tracer",
+    ),
+    Contrast(
+        "float_list_unmarked",
+        "a list of Python float loss weights, changed each call; eqx-static leaves it "
+        "unmarked",
+        (),
+        lambda i: {"weights": [0.5 + i / 64, 0.25]},
+        lambda m, x: m.w * x * m.weights[0] + m.weights[1],
+        "as above, for every float in the list",
+    ),
+    Contrast(
+        "int_step_unmarked",
+        "a Python int step counter, incremented each call; eqx-static leaves it unmarked",
+        (),
+        lambda i: {"step": i},
+        lambda m, x: m.w * x * (1.0 + m.step),
+        "as above: an int is static in AutoModule; plain jax.jit makes it an int32 "
+        "tracer",
+    ),
+)
+
+
+def _contrast_classes(c: Contrast) -> dict[str, type]:
+    """The scenario's module in each implementation: same fields, same order."""
+    annotations = {f: Any for f in ("w",) + c.fields}
+
+    def namespace(**extra: Any) -> dict[str, Any]:
+        return {
+            "__module__": __name__,
+            "__qualname__": f"Contrast_{c.name}",
+            "__annotations__": dict(annotations),
+            **extra,
+        }
+
+    classes = {
+        "eqx-static": type(
+            f"Contrast_{c.name}",
+            (eqx.Module,),
+            namespace(**{f: eqx.field(static=True) for f in c.static}),
+        ),
+        "eqx-filter": type(f"Contrast_{c.name}", (eqx.Module,), namespace()),
+    }
+    if M.asx is not None:
+        classes["autostatic"] = type(
+            f"Contrast_{c.name}", (M.asx.AutoModule,), namespace()
+        )
+    return classes
+
+
+def _contrast_run(
+    c: Contrast, cls: type | None, jit: str, calls: int
+) -> dict[str, Any]:
+    """Traces of a fresh jitted `c.apply` over `calls` rebuilt models, counted by a
+    Python side effect at trace time; a result that differs from the eager one is
+    `stale` (the changed value was ignored)."""
+    count = 0
+
+    def counted(m: Any, x: jax.Array) -> jax.Array:
+        nonlocal count
+        count += 1
+        return c.apply(m, x)
+
+    f = jax.jit(counted) if jit == M.JAX_JIT else eqx.filter_jit(counted)
+    x = jnp.arange(1.0, 4.0)
+    w = jnp.full(3, 0.5)
+    out: dict[str, Any] = {"stale": False}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if cls is None:
+                raise RuntimeError(f"autostatic is unavailable ({M.AUTOSTATIC_ERROR})")
+            for i in range(calls):
+                m = cls(w=w, **c.values(i))
+                got = np.asarray(_block(f(m, x)))
+                want = np.asarray(c.apply(m, x))
+                out["stale"] |= not np.allclose(got, want, rtol=1e-5, atol=1e-6)
+        except Exception as err:
+            out["error"] = _error(err)
+    out["count"] = count
+    messages = dict.fromkeys(str(w.message).splitlines()[0][:120] for w in caught)
+    if messages:
+        out["warnings"] = list(messages)
+    return out
+
+
+def retrace_contrasts(calls: int) -> dict[str, Any]:
+    """Trace counts per (scenario, variant) of `CONTRASTS`."""
+    scenarios: dict[str, Any] = {}
+    for c in CONTRASTS:
+        classes = _contrast_classes(c)
+        counts = {
+            M.variant_name(impl, jit): _contrast_run(c, classes.get(impl), jit, calls)
+            for impl, jit in CONTRAST_VARIANTS
+        }
+        scenarios[c.name] = {
+            "description": c.description,
+            "why": c.why,
+            "eqx_static_fields": list(c.static),
+            "counts": counts,
+        }
+    return {
+        "calls": calls,
+        "variants": [M.variant_name(*v) for v in CONTRAST_VARIANTS],
+        "scenarios": scenarios,
     }
 
 
@@ -632,6 +885,14 @@ def _first_calls(
                 fails[name] = _error(err)
 
 
+# The references of the first-call ratios: the fair twin and both eqx.filter_jit ones.
+FIRST_CALL_REFS: tuple[tuple[str, str], ...] = (
+    ("eqx-static", M.JAX_JIT),
+    ("eqx-static", M.FILTER_JIT),
+    ("eqx-filter", M.FILTER_JIT),
+)
+
+
 def first_call(
     n: int, arrays: Any, settings: Settings, fn: str = "probe", seed: int = 0
 ) -> dict[str, Any]:
@@ -654,16 +915,25 @@ def first_call(
         _first_calls(fn, reps, arrays, x, built, samples, fails, rng)
     out: dict[str, Any] = {"n": n, "fn": fn, "reps": reps, "variants": {}}
     ref = samples.get(M.variant_name("eqx-static", M.JAX_JIT))
+    refs = {
+        M.variant_name(*v): samples[M.variant_name(*v)]
+        for v in FIRST_CALL_REFS
+        if M.variant_name(*v) in samples
+    }
     for impl, jit in M.VARIANTS:
         name = M.variant_name(impl, jit)
         if name in fails:
             out["variants"][name] = {"fails": fails[name]}
             continue
         vals = samples[name]
-        entry = {k: (v * MS if k != "n" else v) for k, v in summary(vals).items()}
+        entry: dict[str, Any] = {
+            k: (v * MS if k != "n" else v) for k, v in summary(vals).items()
+        }
         entry["samples_ms"] = [round(v * MS, 2) for v in vals]
         if ref is not None:
             entry["vs eqx-static / jax.jit"] = paired_ratio(vals, ref)
+        # Paired per repetition (every variant once per repetition, shuffled).
+        entry["ratios"] = {r: paired_ratio(vals, v) for r, v in refs.items()}
         out["variants"][name] = entry
     return out
 
@@ -679,8 +949,12 @@ TRAIN_VARIANTS: tuple[tuple[str, str], ...] = (
     ("eqx-filter", M.FILTER_JIT),
     ("dict", M.JAX_JIT),
 )
+# The fair twin (same step code, plain jax.jit), what Equinox users run (eqx.filter_jit
+# with the Equinox idiom, static fields marked or not), and the dict floor.
 TRAIN_REFS: tuple[tuple[str, str], ...] = (
+    ("eqx-static", M.JAX_JIT),
     ("eqx-static", M.FILTER_JIT),
+    ("eqx-filter", M.FILTER_JIT),
     ("dict", M.JAX_JIT),
 )
 
@@ -717,6 +991,7 @@ def training(
 
         def run(step=step, state=state, y=y) -> None:
             tree, opt_state = state
+            loss: Any = None
             for _ in range(s):
                 tree, opt_state, loss = step(tree, opt_state, x, y, key)
             _block((tree, opt_state, loss))

@@ -13,11 +13,14 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a package at the repository roo
     sys.path.append(str(ROOT))
 
 
-def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
+def test_runner_smoke_mode_writes_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("optax")
     from benchmarks.runner import main
 
     assert main(["--smoke", "--out", str(tmp_path)]) == 0  # 1 means a section crashed
+    printed = capsys.readouterr()
 
     results = json.loads((tmp_path / "results.json").read_text())
     for key in (
@@ -118,6 +121,190 @@ def test_runner_smoke_mode_writes_results(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
             assert (tmp_path / png).stat().st_size > 0, png
+
+    # Progress lines after the first step carry an ETA.
+    progress = [x for x in printed.err.splitlines() if "/" in x and "] " in x]
+    assert any(", ETA ~" in x for x in progress), printed.err[-2000:]
+    assert printed.out == text  # what is printed is what results.md holds
+
+    _check_both_baselines(results, text)
+    _check_retrace_contrasts(results, text)
+    _check_summary(results, text, tmp_path)
+
+
+FAIR = "eqx-static / jax.jit"
+FILTER_STATIC = "eqx-static / eqx.filter_jit"
+FILTER = "eqx-filter / eqx.filter_jit"
+
+
+def _section(text: str, heading: str) -> str:
+    """The markdown from `heading` up to the next `### ` heading."""
+    start = text.index(heading)
+    end = text.find("\n### ", start + 1)
+    return text[start : end if end >= 0 else None]
+
+
+def _check_both_baselines(results: dict, text: str) -> None:
+    """Every section's own table shows AutoModule against the fair twin and against
+    eqx.filter_jit, paired per round."""
+    auto = "autostatic / jax.jit"
+    for name, group in results["tree_ops"].items():
+        for ref in ("eqx-static", "eqx-filter", "dict"):
+            assert group["ratios"][ref]["autostatic"]["flatten"]["n"] > 0, (name, ref)
+        for ref in (FAIR, FILTER_STATIC, FILTER):
+            assert group["dispatch_us"][auto]["ratios"][ref]["n"] > 0, (name, ref)
+    overview = _section(text, "### Overview")
+    assert "vs the fair twin" in overview and "vs what Equinox users run" in overview
+    row = next(
+        x for x in overview.splitlines() if x.startswith("| `autostatic` flatten")
+    )
+    mlps = [k for k in results["tree_ops"] if k.startswith("mlp-")]
+    assert row.count("x \\| ") == 2 * len(mlps), row  # three ratios in every cell
+    tree = _section(text, f"### {next(iter(results['tree_ops']))}: pytree operations")
+    for ref in ("`eqx-static`", "`eqx-filter`", "`dict`"):
+        assert f"Ratios vs {ref}" in tree, ref
+    assert f"vs {FAIR} (fair twin)" in tree and f"vs {FILTER}" in tree
+
+    for name, v in results["async_dispatch"]["variants"].items():
+        if "fails" not in v:
+            assert {FAIR, FILTER_STATIC, FILTER} <= set(v["wall_ratios"]), name
+    async_text = _section(text, "### Async dispatch")
+    for head in (
+        f"wall vs {FAIR} (fair twin)",
+        f"wall vs {FILTER_STATIC}",
+        f"wall vs {FILTER}",
+    ):
+        assert head in async_text, head
+
+    for n, res in results["first_call"].items():
+        assert {FAIR, FILTER_STATIC, FILTER} <= set(res["variants"][auto]["ratios"]), n
+    first = _section(text, "### Time to first call")
+    assert f"vs {FAIR} (fair twin)" in first and f"vs {FILTER}" in first
+
+    for model, res in results["training"].items():
+        ratios = res["variants"][auto]["throughput_ratios"]
+        assert {FAIR, FILTER_STATIC, FILTER, "dict / jax.jit"} <= set(ratios), model
+    training = _section(text, "### Training step")
+    for ref in (f"{FAIR} (fair twin)", FILTER_STATIC, FILTER):
+        assert f"throughput vs {ref}" in training, ref
+
+    # The training target keeps its flattering reference, with the fair twin beside it.
+    targets = {t["target"]: t for t in results["targets"]}
+    assert f"training throughput {auto} >= {FILTER_STATIC}" in targets
+    fair = targets[f"(info) training throughput {auto} >= {FAIR} (fair twin)"]
+    assert fair["status"].startswith("info: ") and fair["value"] is not None
+    assert f"(info) dispatch {auto} <= 1.0x {FAIR} (fair twin)" in targets
+    # "not slower": the threshold is what the issue states, with no allowance.
+    for op in ("array", "sub-layer"):
+        t = targets[f"eqx.tree_at {op} <= 1.0x eqx-static (worst model)"]
+        assert t["threshold"] == 1.0 and "noise" not in t["note"]
+
+
+def _check_retrace_contrasts(results: dict, text: str) -> None:
+    """Real trace counts, side by side, both directions present."""
+    from benchmarks.report import retrace_verdict
+
+    con = results["retracing"]["contrasts"]
+    assert con["variants"][:4] == ["autostatic / jax.jit", FAIR, FILTER_STATIC, FILTER]
+    calls = con["calls"]
+    scen = con["scenarios"]
+    verdicts = {name: retrace_verdict(sc, FAIR) for name, sc in scen.items()}
+    # AutoModule retraces more than the fair twin on a changing Python float...
+    assert verdicts["float_unmarked"] == "worse"
+    floats = scen["float_unmarked"]["counts"]
+    assert floats["autostatic / jax.jit"]["count"] == calls
+    assert floats[FAIR]["count"] == 1 and floats[FILTER]["count"] == calls
+    # ...and fewer where eqx keeps an array static; the remedy traces once everywhere.
+    assert verdicts["array_marked_static"] == "better"
+    assert scen["array_marked_static"]["counts"]["autostatic / jax.jit"]["count"] == 1
+    assert scen["array_marked_static"]["counts"][FAIR]["count"] == calls
+    assert {v["count"] for v in scen["jnp_scalar"]["counts"].values()} == {1}
+    assert retrace_verdict(scen["mutable_config"], FILTER) == "better"
+    section = _section(text, "### Retracing")
+    assert "Where eqx.Module and AutoModule retrace differently" in section
+    assert "**AutoModule better**" in section and "**AutoModule WORSE**" in section
+    for name in scen:
+        assert f"`{name}`: " in section, name
+
+
+def _check_summary(results: dict, text: str, out: Path) -> None:
+    summary = text[text.index("### Summary: AutoModule vs eqx.Module") :]
+    model = next(iter(results["training"]))
+    assert f"training step time ({model}" in summary
+    row = next(x for x in summary.splitlines() if x.startswith("| training step time"))
+    assert row.count("x |") == 2, row  # against both baselines
+    assert (
+        "* vs the fair twin: fewer" in summary and "MORE in `float_unmarked`" in summary
+    )
+    assert "* vs eqx.filter_jit: " in summary
+    assert f"Files written ({len(results['files'])}):" in summary
+    for path in results["files"]:
+        assert path in summary and Path(path).exists(), path
+    assert str(out / "results.json") in summary
+
+
+def test_serialisation_targets_are_judged_and_optional() -> None:
+    from benchmarks.report import evaluate_targets, summary_section
+
+    base = {"machine": {}, "sections": ["serialisation"]}
+    targets = [
+        {
+            "target": "load to device >= 1.0x Equinox",
+            "value": 1.3,
+            "op": ">=",
+            "threshold": 1.0,
+            "detail": "d",
+            "note": "",
+        },
+        {
+            "target": "save >= 0.8x Equinox",
+            "value": 0.5,
+            "op": ">=",
+            "threshold": 0.8,
+            "detail": "d",
+            "note": "fsync on",
+        },
+        {
+            "target": "load to host >= 1.0x Equinox",
+            "value": None,
+            "op": ">=",
+            "threshold": 1.0,
+            "detail": "not measured",
+            "note": "",
+        },
+    ]
+    ser = {"status": "ok", "results": {"targets": targets}}
+    got = evaluate_targets({**base, "serialisation": ser}, sections=["serialisation"])
+    assert [t["status"] for t in got] == ["MET", "MISSED", "N/A"]
+    assert {t["section"] for t in got} == {"serialisation"}
+    assert got[1]["note"] == "fsync on"
+    smoke = evaluate_targets(
+        {**base, "serialisation": ser}, sections=["serialisation"], judged=False
+    )
+    assert [t["status"] for t in smoke] == ["not judged (smoke run)"] * 2 + ["N/A"]
+    # An older serialisation result without targets, or none at all: no rows, no crash.
+    old = {"status": "ok", "results": {"ratios": {"save_speed": 0.3}}}
+    assert evaluate_targets({**base, "serialisation": old}, ["serialisation"]) == []
+    assert evaluate_targets(base, ["serialisation"]) == []
+    others = evaluate_targets({**base, "serialisation": ser}, sections=["tree_ops"])
+    assert all(t["section"] == "tree_ops" for t in others)
+    # The summary names the checkpoint speed ratios when there are some.
+    summary = "\n".join(summary_section({**base, "serialisation": old, "wall_s": 1.0}))
+    assert "Checkpoint speed, ours / Equinox's" in summary and "save 0.30x" in summary
+
+
+def test_eta_estimates_from_the_steps_done() -> None:
+    from benchmarks.runner import eta_text
+
+    unknown: list[tuple[str, float | None]] = [("a", None)]
+    assert eta_text([], unknown) == ""  # nothing done: no estimate
+    # Two "a" steps took 2 s each: two more "a" and an unseen "b" (mean of all, 2 s).
+    assert eta_text([("a", 2.0), ("a", 2.0)], unknown * 2 + [("b", None)]) == (
+        ", ETA ~6 s"
+    )
+    # An unseen step's budget counts when larger than the mean so far.
+    assert eta_text([("a", 1.0)], [("b", 30.0)]) == ", ETA ~30 s"
+    assert eta_text([("a", 60.0)], unknown * 3) == ", ETA ~3 min"
 
 
 @pytest.mark.parametrize(
