@@ -29,11 +29,20 @@ def format_path(path: ContainerPath) -> str:
     )
 
 
+_BUILTINS = (list, dict, set, OrderedDict, defaultdict)
+
+
+def _builtin_of(cls: type) -> type:
+    """The built-in container a frozen one (or a subclass of one) stands for."""
+    return next(k for k in cls.__mro__ if k in _BUILTINS)
+
+
 def _refuse(method: str) -> Callable[..., Any]:
     def refuse(self: Any, *args: object, **kwargs: object) -> Any:
-        kind = type(self).__mro__[1].__name__
+        builtin = _builtin_of(type(self))
+        kind = builtin.__name__
         if not getattr(self, "_sealed", False):  # OrderedDict.__init__ inserts by []=
-            return getattr(type(self).__mro__[1], method)(self, *args, **kwargs)
+            return getattr(builtin, method)(self, *args, **kwargs)
         raise TypeError(
             f"{format_path(self._path)} cannot be modified ({kind}.{method}): the "
             "attributes of an AutoModule are immutable after __init__, because its "
@@ -61,7 +70,7 @@ class FrozenList(list):
         self._path = path
         self._sealed = True
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenList, (list(self), self._path))
 
 
@@ -200,7 +209,7 @@ def as_builtin(value: Any) -> Any:
     """A shallow copy of a frozen container as the built-in it stands for."""
     if type(value) is FrozenDefaultDict:
         return defaultdict(value.default_factory, value)
-    return type(value).__mro__[1](value)
+    return _builtin_of(type(value))(value)
 
 
 def _print_as_builtin(cls: type) -> None:
@@ -306,7 +315,7 @@ _DICT_KINDS = (
 def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
     """(key, item) pairs of a container `freeze` descends into, else None."""
     kind = type(value)
-    if kind is list or kind is FrozenList or isinstance(value, tuple):
+    if kind is list or isinstance(value, (FrozenList, tuple)):
         return list(enumerate(value))
     if kind in _DICT_KINDS:
         return list(value.items())
@@ -316,7 +325,7 @@ def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
 def _rebuilt(value: Any, items: list[Any], path: ContainerPath) -> Any:
     """The frozen twin of container `value`, holding `items` (its frozen items)."""
     kind = type(value)
-    if kind is list or kind is FrozenList:
+    if kind is list or isinstance(value, FrozenList):
         return FrozenList(items, path)
     if isinstance(value, tuple):
         if all(new is old for new, old in zip(items, value)):

@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
 
-from ._containers import FrozenList
+from ._containers import format_path, FrozenList
 
 # The kind of a field, decided per instance at the end of construction.
 DYNAMIC: Final = 0  # every leaf is an array (or it has no leaves): a child
@@ -282,10 +282,103 @@ def _static_leaf_unflatten(aux: Any, _: Any) -> StaticLeaf:
     # node's aux is the same object, compared by identity.
     if type(aux) is StaticLeaf:
         return aux
-    return StaticLeaf(aux[1] if type(aux) is tuple else aux, "", aux)
+    return StaticLeaf(_leaf_value(aux), "", aux)
 
 
 jtu.register_pytree_node(StaticLeaf, lambda s: ((), s.aux), _static_leaf_unflatten)
+
+
+def _leaf_value(aux: Any) -> Any:
+    """The value of a `StaticLeaf` aux: the node, a `(type, value)` pair or the value."""
+    if type(aux) is StaticLeaf:
+        return aux.value
+    return aux[1] if type(aux) is tuple else aux
+
+
+class MixedFrozenList(FrozenList):
+    """A frozen list of arrays, modules and non-array leaves (a stack of layers and
+    activations), whose non-array leaf items ride in its own aux data.
+
+    The attribute value is the pytree node itself: reading it unwraps nothing. Its
+    children are the items, with `None` (an empty node, compared in C) in place of
+    each static item, so key paths are the list's and contiguous, as tools that
+    rebuild lists from key paths (orbax) need; its aux data is `(path, static
+    positions, *aux of each static item)`, each compared as a `StaticLeaf`'s, with
+    no `StaticLeaf` node per item to visit. Only a field's own value is one
+    (`_partition`); freezing it again gives a plain `FrozenList`.
+    """
+
+    __slots__ = ("_children", "_aux")
+
+    def __init__(
+        self,
+        items: Any,
+        path: Any,
+        static: tuple[int, ...],
+        aux: Any = None,
+        children: tuple[Any, ...] | None = None,
+    ):
+        FrozenList.__init__(self, items, path)
+        if children is None:
+            placeholders = list(self)
+            for i in static:
+                placeholders[i] = None
+            children = tuple(placeholders)
+        self._children = children
+        self._aux = _mixed_aux(self, path, static) if aux is None else aux
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MixedFrozenList, (list(self), self._path, self._aux[1]))
+
+
+# The aux data last made per list path: the lists of a stack of blocks hold the very
+# same static items (one `relu`), so they share one aux object, and two models built
+# apart compare it by identity. One entry per field path, so nothing accumulates.
+_recent_mixed_aux: dict[Any, tuple[Any, ...]] = {}
+
+
+def _mixed_aux(items: list[Any], path: Any, static: tuple[int, ...]) -> tuple[Any, ...]:
+    recent = _recent_mixed_aux.get(path)
+    if (
+        recent is not None
+        and recent[1] == static
+        and all(
+            type(a) is not StaticLeaf and _leaf_value(a) is items[i]
+            for i, a in zip(static, recent[2:])
+        )
+    ):
+        return recent
+    where = format_path(path)
+    aux = (path, static, *(StaticLeaf(items[i], f"{where}[{i}]").aux for i in static))
+    _recent_mixed_aux[path] = aux
+    return aux
+
+
+def _mixed_flatten_with_keys(x: MixedFrozenList) -> tuple[Any, Any]:
+    return tuple((jtu.SequenceKey(i), c) for i, c in enumerate(x._children)), x._aux
+
+
+def _mixed_unflatten(aux: Any, children: Any) -> MixedFrozenList:
+    children = tuple(children)
+    items = list(children)
+    for i, leaf_aux in zip(aux[1], aux[2:]):
+        items[i] = _leaf_value(leaf_aux)
+    return MixedFrozenList(items, aux[0], aux[1], aux, children)
+
+
+jtu.register_pytree_with_keys(
+    MixedFrozenList,
+    _mixed_flatten_with_keys,
+    _mixed_unflatten,
+    flatten_func=lambda x: (x._children, x._aux),
+)
+
+
+def unmixed(value: Any) -> Any:
+    """`value` with every item a pytree child: a `MixedFrozenList` as a `FrozenList`."""
+    if type(value) is MixedFrozenList:
+        return FrozenList(value, value._path)
+    return value
 
 
 def _static_leaf_or_partitioned(x: Any) -> bool:

@@ -47,11 +47,13 @@ from ._layout import (
     map_preserving,
     materialise,
     MIXED,
+    MixedFrozenList,
     set_partition,
     STATIC,
     STATIC_COMPARED_IN_PYTHON,
     StaticLeaf,
     unflatten,
+    unmixed,
 )
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._twins import is_twin_class, is_twinned_class, twin_class
@@ -180,9 +182,9 @@ def _split_field(
         return STATIC, value
 
     if type(value) is FrozenList:
-        wrapped = _wrapped_items(value, leaves, where)
-        if wrapped is not None:
-            return MIXED, wrapped
+        mixed = _flat_mixed_list(value, leaves)
+        if mixed is not None:
+            return DYNAMIC, mixed  # the attribute is the child, as it is
 
     def wrap(leaf: Any, path: str) -> Any:
         # A module with a partition flattens to arrays only: nothing to wrap inside.
@@ -193,21 +195,29 @@ def _split_field(
     return MIXED, map_preserving(value, wrap, has_partition)
 
 
-def _wrapped_items(value: FrozenList, leaves: list[Any], where: str) -> Any:
-    """The mixed list `value` with its non-array leaf items wrapped, when every item
-    is a leaf or a module with a partition (a stack of layers and activations);
-    else None (nested containers take `map_preserving`)."""
+def _flat_mixed_list(value: FrozenList, leaves: list[Any]) -> Any:
+    """`value` as a `MixedFrozenList` when every item is a leaf or a module with a
+    partition (a stack of layers and activations); else None (nested containers
+    take `map_preserving`)."""
     leaf_ids = set(map(id, leaves))
-    items = []
+    static = []
     for i, item in enumerate(value):
         if type(item) in _plain_array_types or has_partition(item):
-            items.append(item)
-        elif id(item) in leaf_ids:
-            dynamic = is_dynamic_leaf(item)
-            items.append(item if dynamic else StaticLeaf(item, f"{where}[{i}]"))
-        else:
+            continue
+        if id(item) not in leaf_ids:
             return None
-    return FrozenList(items, value._path)  # pyright: ignore[reportPrivateUsage]
+        if not is_dynamic_leaf(item):
+            static.append(i)
+    path = value._path  # pyright: ignore[reportPrivateUsage]
+    return MixedFrozenList(value, path, _interned_positions(tuple(static)))
+
+
+_positions: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _interned_positions(static: tuple[int, ...]) -> tuple[int, ...]:
+    # Part of the aux data: equal positions in two models are then the same object.
+    return _positions.setdefault(static, static)
 
 
 class _ContainsItself(Exception):
@@ -279,7 +289,6 @@ def _decide(
             continue
         if final:
             value = freeze_and_twin(value, _field_path(qualname, name))
-        values[name] = value
         try:
             kind, part = _split_field(qualname, name, value, forced_static, final)
         except _ContainsItself:
@@ -288,6 +297,9 @@ def _decide(
                 "is a tree of its fields and cannot contain itself. Store the data it "
                 "needs instead, or pass the module as an argument where it is used."
             ) from None
+        # A dynamic part is the value itself (or the same list as a
+        # `MixedFrozenList`); a mixed or static one wraps it.
+        values[name] = part if kind == DYNAMIC else value
         (children if kind in CHILD_KINDS else static_values).append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
@@ -382,7 +394,8 @@ def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
                 static_values.append(attrs[name])
             else:
                 kinds.append(DYNAMIC)
-                children.append(_map_modules(expose_module, attrs[name]))
+                value = unmixed(attrs[name])
+                children.append(_map_modules(expose_module, value))
         aux = make_aux(layout_for(cls, tuple(kinds)), tuple(static_values))
         return unflatten(cls, aux, tuple(children))
 

@@ -364,3 +364,75 @@ def test_flat_mixed_lists_split_like_nested_ones():
 
 def jtu_paths(tree: Any) -> list[Any]:
     return jax.tree_util.tree_flatten_with_path(tree)[0]
+
+
+class RaisingEq:  # == in Python, raising
+    def __eq__(self, other):
+        raise ValueError("no")
+
+    __hash__ = object.__hash__
+
+
+class Stack(asx.AutoModule):
+    layers: list
+
+
+def double(x):
+    return 2 * x
+
+
+def test_a_flat_mixed_list_carries_its_static_items_itself():
+    """A stack of layers and activations is one pytree node holding its activations
+    in its aux data: the attribute is the child, and no `StaticLeaf` is in the tree."""
+    import pickle
+
+    from autostatic._layout import MixedFrozenList, StaticLeaf
+
+    linear = eqx.nn.Linear(2, 2, key=KEY)
+    net = Stack([linear, jax.nn.relu, eqx.nn.Dropout(0.1), 2])
+    assert type(net.layers) is MixedFrozenList and net.layers == [
+        net.layers[0],
+        jax.nn.relu,
+        net.layers[2],
+        2,
+    ]
+    assert repr(net.layers).startswith("[Linear(")
+    with pytest.raises(TypeError, match=r"Stack\.layers cannot be modified \(list"):
+        net.layers.append(1)
+    nodes = jax.tree_util.tree_flatten(net, is_leaf=lambda x: type(x) is StaticLeaf)
+    assert not any(type(x) is StaticLeaf for x in nodes[0])
+    rebuilt = jax.tree_util.tree_map(lambda x: x + 1, net)
+    assert type(rebuilt.layers) is MixedFrozenList
+    assert rebuilt.layers[1] is jax.nn.relu and rebuilt.layers[3] == 2
+    assert jax.tree_util.tree_structure(rebuilt) == jax.tree_util.tree_structure(net)
+    picklable = Stack([linear, double, 2])  # jax.nn.relu itself cannot be pickled
+    again = pickle.loads(pickle.dumps(picklable))
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(
+        picklable
+    )
+    assert again.layers[1] is double and type(again.layers) is MixedFrozenList
+    # Static items that differ, or equal ones of another type, give another treedef.
+    other = [Stack([linear, f, 2]) for f in (jax.nn.gelu, jax.nn.relu)]
+    assert len({jax.tree_util.tree_structure(m) for m in other}) == 2
+    assert jax.tree_util.tree_structure(
+        Stack([linear, jax.nn.relu, 1])
+    ) != jax.tree_util.tree_structure(Stack([linear, jax.nn.relu, 1.0]))
+    # A static item whose == raises names where it sits when compared.
+    a, b = Stack([linear, RaisingEq()]), Stack([linear, RaisingEq()])
+    with pytest.raises(Exception) as info:  # JAX wraps the error in its own
+        _ = jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(str(err))
+        err = err.__cause__ or err.__context__
+    assert any("Stack.layers[1]" in message for message in chain)
+    # Exposed for surgery, every item is a child again.
+    assert (
+        jax.tree_util.keystr(
+            jax.tree_util.tree_flatten_with_path(
+                asx.tree_at(lambda m: m.layers[1], net, jax.nn.gelu)
+            )[0][0][0]
+        )
+        == ".layers[0].weight"
+    )
+    assert asx.tree_at(lambda m: m.layers[1], net, jax.nn.gelu).layers[1] is jax.nn.gelu
