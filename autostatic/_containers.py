@@ -312,6 +312,11 @@ _DICT_KINDS = (
 )
 
 
+# Leaves that are neither containers nor converted (`freeze`'s `convert` hook
+# replaces objects of other types only).
+_NOT_CONTAINERS = frozenset({int, float, bool, str, complex, bytes, type(None)})
+
+
 def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
     """(key, item) pairs of a container `freeze` descends into, else None."""
     kind = type(value)
@@ -397,6 +402,9 @@ def freeze(
         node, node_path, node_items, frozen = stack[-1]
         if len(frozen) < len(node_items):
             key, item = node_items[len(frozen)]
+            if type(item) in _NOT_CONTAINERS:  # the sizes and names of a model
+                frozen.append(item)
+                continue
             item_path = (*node_path, key)
             if type(item) is set:
                 frozen.append(FrozenSet(item, item_path))

@@ -41,6 +41,10 @@ class FieldSpec(NamedTuple):
     defaults: dict[str, Any]  # dataclass defaults, moved off the class
     # A twin of an Equinox layer (`_twins`), not an AutoModule.
     twin: bool
+    # Per tuple of field value types that are all plain (numbers, strings, jax
+    # arrays): the typed layout and the field positions of the children and of the
+    # static values, so such an instance is decided without a loop (`_partition`).
+    plain_splits: "dict[tuple[type, ...], PlainSplit]"
 
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
@@ -79,6 +83,7 @@ def prepare_class(cls: type, *, twin: bool = False) -> None:
             f.name: f.default for f in fields if f.default is not dataclasses.MISSING
         },
         twin=twin,
+        plain_splits={},
     )
     setattr(cls, _SPEC, spec)
 
@@ -151,6 +156,12 @@ class Layout:
             f"Layout({self.cls.__qualname__}, children={self.child_names}, "
             f"static={self.static_names})"
         )
+
+
+class PlainSplit(NamedTuple):
+    layout: "Layout"  # typed
+    children: tuple[int, ...]  # field positions
+    static: tuple[int, ...]
 
 
 _layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (

@@ -48,6 +48,7 @@ from ._layout import (
     materialise,
     MIXED,
     MixedFrozenList,
+    PlainSplit,
     set_partition,
     STATIC,
     STATIC_COMPARED_IN_PYTHON,
@@ -142,7 +143,8 @@ def _split_field(
         treedef = None
     else:
         leaves, treedef = jtu.tree_flatten(value)
-        flags = [is_dynamic_leaf(leaf) for leaf in leaves]
+        arrays = _plain_array_types
+        flags = [type(x) in arrays or is_dynamic_leaf(x) for x in leaves]
     n_dynamic = sum(flags)
     for i, leaf in enumerate(leaves):
         if type(leaf) is np.ndarray and leaf.dtype.hasobject:
@@ -237,6 +239,9 @@ def compute_partition(
     provisional, for a flatten from inside `__init__` or `__check_init__`.
     Returns the field values and the `(children, aux)` pair.
     """
+    plain = _plain_split(obj)
+    if plain is not None:
+        return {}, plain  # nothing frozen, nothing to check: the fields stay
     deciding: set[int] = getattr(_deciding, "ids", None) or set()
     _deciding.ids = deciding
     if id(obj) in deciding:
@@ -261,6 +266,34 @@ def _field_path(qualname: str, name: str) -> ContainerPath:
     except KeyError:
         path = (sys.intern(f"{qualname}.{name}"),)
         return _field_paths.setdefault((qualname, name), path)
+
+
+def _plain_split(obj: Any) -> Flatten | None:
+    """The partition of an instance whose fields all hold plain values (numbers,
+    strings, jax arrays: most `eqx.nn` layers), from the split cached per types
+    tuple; None if a field holds anything else or is unset."""
+    cls = type(obj)
+    spec = fields_of(cls)
+    attrs = _object_getattribute(obj, "__dict__")
+    try:
+        values = [attrs[name] for name in spec.names]
+    except KeyError:
+        return None
+    types = tuple(map(type, values))
+    split = spec.plain_splits.get(types)
+    if split is None:
+        kinds = tuple(map(_plain_kind, values, spec.declared_static))
+        if None in kinds:
+            return None
+        layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
+        children = tuple(i for i, k in enumerate(kinds) if k == DYNAMIC)
+        static = tuple(i for i, k in enumerate(kinds) if k != DYNAMIC)
+        typed = layout.with_types(tuple(types[i] for i in static))
+        split = spec.plain_splits.setdefault(types, PlainSplit(typed, children, static))
+    return (
+        tuple([values[i] for i in split.children]),
+        Aux((split.layout, *[values[i] for i in split.static])),
+    )
 
 
 def _decide(
