@@ -360,6 +360,8 @@ def check_acyclic(value: Any, path: ContainerPath) -> None:
             on_path.discard(node_id)
             continue
         key, item = entry
+        if type(item) in _NOT_CONTAINERS:
+            continue
         sub_items = _items(item)
         if sub_items is None:
             continue
@@ -390,8 +392,11 @@ def freeze(
     nested lists), not by Python's recursion limit; a container met again on its own
     path is a cycle and raises `ContainerCycleError` naming where.
     """
-    if type(value) is set:
+    kind = type(value)
+    if kind is set:
         return FrozenSet(value, path)
+    if kind is list and all(type(item) in _NOT_CONTAINERS for item in value):
+        return FrozenList(value, path)  # sizes, names: nothing to walk
     items = _items(value)
     if items is None:
         return value if convert is None else convert(value, path)

@@ -134,6 +134,12 @@ def _split_field(
     plain = _plain_kind(value, forced_static)
     if plain is not None:
         return plain, value
+    if (
+        (type(value) is FrozenList or type(value) is tuple)
+        and value
+        and all(type(x) in _PLAIN_STATIC_TYPES for x in value)
+    ):
+        return STATIC, value  # sizes, names: no array, nothing to check
     where = f"{qualname}.{name}"
     if is_dynamic_leaf(value):
         if type(value) is not np.ndarray:
