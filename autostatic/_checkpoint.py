@@ -9,11 +9,14 @@ template leaf is.
 """
 
 import contextlib
+import functools
 import math
+import mmap
 import os
 import re
 import secrets
 import stat
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -173,6 +176,61 @@ def _writer(tree: Any) -> Callable[[BinaryIO], None]:
     return write
 
 
+# A durable save starts the disk writes of every this many bytes as soon as they are
+# written, so that the disk works while later arrays are copied.
+_WRITEBACK_CHUNK = 8 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback, do not wait
+
+
+@functools.cache
+def _start_writeback() -> Callable[[int, int, int], None] | None:
+    """Linux's `sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)`, which the
+    `os` module lacks: starts writing a range of a file's dirty pages to disk and returns
+    without waiting. `None` elsewhere (the fsync at the end then does all the work)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (ImportError, OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    function.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, nbytes: int) -> None:
+        # A failure (a file system without it) is ignored: only the fsync is relied on.
+        function(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+    return start
+
+
+class _WritebackFile:
+    """The temporary file of a durable save. Writes go through in chunks of
+    `_WRITEBACK_CHUNK` bytes, and the disk write of each chunk is started as soon as
+    it is written, so the fsync at the end waits for the last chunk instead of the
+    whole file (about 1.5x faster durable saves; design.md, "Saving")."""
+
+    def __init__(self, f: BinaryIO, start: Callable[[int, int, int], None]) -> None:
+        self.f, self.start, self.fd = f, start, f.fileno()
+        self.written = self.started = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for begin in range(0, len(view), _WRITEBACK_CHUNK):
+            chunk = view[begin : begin + _WRITEBACK_CHUNK]
+            self.f.write(chunk)
+            self.written += len(chunk)
+            if self.written - self.started >= _WRITEBACK_CHUNK:
+                self.f.flush()
+                self.start(self.fd, self.started, self.written - self.started)
+                self.started = self.written
+        return len(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def _target(path: str | bytes | os.PathLike) -> str:
     """The file that saving to `path` replaces: through a symbolic link, its target,
     so the link stays a link (as `open(path, "wb")` would write through it)."""
@@ -252,20 +310,23 @@ def _naming(err: OSError, target: str) -> OSError:
 
 
 def _atomic_write(
-    path: str | bytes | os.PathLike, write: Callable[[BinaryIO], None]
+    path: str | bytes | os.PathLike, write: Callable[[Any], None], durable: bool
 ) -> None:
     """Writes through `write` to a temporary file beside the target, then renames it
-    over the target. A failure at any point leaves an existing file untouched and
-    removes the temporary file."""
+    over the target; `durable`: the file is fsynced before the rename and the folder
+    after it. A failure at any point leaves an existing file untouched and removes the
+    temporary file."""
     target = _target(path)
     fd, temp = _create_temp(target)
     try:
         with contextlib.suppress(FileNotFoundError):  # keep a replaced file's mode
             os.chmod(fd, stat.S_IMODE(os.stat(target).st_mode))
         with open(fd, "wb", closefd=False) as f:
-            write(f)
+            start = _start_writeback() if durable else None
+            write(f if start is None else _WritebackFile(f, start))
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(fd)
         if fcntl is None:  # Windows cannot rename an open file
             os.close(fd)
             fd = -1
@@ -279,11 +340,12 @@ def _atomic_write(
     finally:
         if fd >= 0:
             os.close(fd)
-    _fsync_folder(os.path.dirname(os.path.abspath(target)))
+    if durable:
+        _fsync_folder(os.path.dirname(os.path.abspath(target)))
     _remove_stale_temps(target)
 
 
-def save(file: PathOrFile, tree: Any) -> None:
+def save(file: PathOrFile, tree: Any, *, durable: bool = True) -> None:
     """Saves the arrays of `tree` as a safetensors file, each under its key path.
 
     **Arguments:**
@@ -298,12 +360,20 @@ def save(file: PathOrFile, tree: Any) -> None:
         `jax.tree_util.keystr` of its natural key path, e.g. `.layers[0].weight`.
         Other leaves and static data are not stored; `load` takes them from its
         template.
+    - `durable`: for a path, whether the file is on disk when `save` returns: it is
+        fsynced before the rename, and its folder after. `durable=False` skips both,
+        so the disk no longer bounds the save (typically 2x faster, as fast as
+        Equinox's save, which does not fsync). It is still atomic: other processes,
+        and this program after it crashes, see the old file or the whole new one; but
+        after a power loss or an operating-system crash the file may be the old one,
+        or a truncated or empty one, depending on the file system. A file object is
+        never fsynced.
 
     Arrays are copied to the host and written one at a time.
     """
     write = _writer(tree)
     if isinstance(file, (str, bytes, os.PathLike)):
-        _atomic_write(file, write)
+        _atomic_write(file, write, durable)
     else:
         require_binary(file, "wb")
         write(file)
@@ -314,13 +384,37 @@ def save(file: PathOrFile, tree: Any) -> None:
 # XLA's CPU client aliases a numpy buffer aligned to this instead of copying it, so a
 # tensor read into such a buffer becomes a device array without a second copy.
 _ALIGNMENT = 64
+# Tensors of at least one huge page get memory of their own, aligned to huge pages and
+# marked for them (Linux transparent huge pages): reading into fresh memory costs a page
+# fault per 4 KiB page otherwise, more than the copy itself (design.md, "Loading").
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
+    if _MADV_HUGEPAGE is not None and nbytes >= _HUGE_PAGE:
+        with contextlib.suppress(OSError):  # no mapping to be had: numpy's allocator
+            return _huge_page_empty(nbytes, _MADV_HUGEPAGE).view(dtype).reshape(shape)
     raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
     start = -raw.ctypes.data % _ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _huge_page_empty(nbytes: int, advice: int) -> np.ndarray:
+    """`nbytes` of fresh anonymous memory starting at a huge-page boundary, whose whole
+    huge pages are marked for transparent huge pages. Only those: a partly used huge
+    page at the end would hold up to 2 MiB that no tensor uses. The array keeps the
+    mapping alive, and unmapping it when the array goes returns the memory at once."""
+    size = nbytes + _HUGE_PAGE  # room to start at a boundary; the rest is never touched
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    mapping = mmap.mmap(-1, size, flags=flags)
+    raw = np.frombuffer(mapping, np.uint8)
+    start = -raw.ctypes.data % _HUGE_PAGE
+    whole = nbytes // _HUGE_PAGE * _HUGE_PAGE
+    with contextlib.suppress(OSError):  # a kernel without transparent huge pages
+        mapping.madvise(advice, start, whole)
+    return raw[start : start + nbytes]
 
 
 def read_array(

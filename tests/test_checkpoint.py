@@ -3,6 +3,7 @@ saving to a path: atomic, through symbolic links, after killed saves)."""
 
 import errno
 import io
+import itertools
 import os
 import signal
 import stat
@@ -283,6 +284,124 @@ def test_saving_over_a_file_keeps_its_permissions(tmp_path):
     os.chmod(path, 0o600)
     save(path, {"a": jnp.zeros(2)})
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def _count_fsyncs(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    original = os.fsync
+
+    def fsync(fd):
+        calls.append(fd)
+        original(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return calls
+
+
+def test_durable_false_skips_both_fsyncs_and_stays_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "m.safetensors"
+    tree = {"a": np.arange(5, dtype=np.float32), "b": jnp.ones(3, jnp.bfloat16)}
+    fsyncs = _count_fsyncs(monkeypatch)
+    save(path, tree)
+    assert len(fsyncs) == (2 if os.name == "posix" else 1)  # the file, then its folder
+    before = path.read_bytes()
+    del fsyncs[:]
+    save(path, tree, durable=False)
+    assert fsyncs == []
+    assert path.read_bytes() == before  # the same bytes, through the same rename
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+    assert_same_arrays(load(path, tree), tree)
+    with pytest.raises(TypeError):
+        save(path, tree, False)  # type: ignore[misc]  # keyword-only
+
+    # Still atomic: a failure leaves the earlier file and no temporary file.
+    def failing(f, key, leaf, nbytes):
+        f.write(b"\0" * 5)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "_write_tensor", failing)
+    with pytest.raises(OSError, match="disk full"):
+        save(path, {"a": np.zeros(5, np.float32)}, durable=False)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+def test_durable_saves_start_writing_each_chunk_to_disk(tmp_path, monkeypatch):
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(ckpt, "_WRITEBACK_CHUNK", 4096)
+    monkeypatch.setattr(
+        ckpt, "_start_writeback", lambda: lambda fd, at, n: started.append((at, n))
+    )
+    tree = {
+        "big": np.arange(10_000, dtype=np.float32),  # about ten chunks, split inside
+        "half": np.arange(3, dtype=np.float16),
+        "empty": np.zeros((0, 4), np.int8),
+        "mid": np.arange(2500, dtype=np.int64),
+    }
+    path = tmp_path / "m.safetensors"
+    save(path, tree)
+    size = path.stat().st_size
+    assert started and started[0][0] == 0
+    for (at, n), (next_at, _) in itertools.pairwise(started):
+        assert next_at == at + n  # contiguous, each range once
+    assert all(n >= 4096 for _, n in started)
+    assert size - 4096 < started[-1][0] + started[-1][1] <= size
+    out = load(path, jax.tree.map(np.zeros_like, tree), host=True)
+    assert all(np.array_equal(out[k], v) for k, v in tree.items())
+    del started[:]
+    save(path, tree, durable=False)
+    assert started == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+def test_sync_file_range_is_found_and_harmless(tmp_path):
+    start = ckpt._start_writeback()
+    assert start is not None
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.write(b"x" * 10_000)
+        f.flush()
+        start(f.fileno(), 0, 10_000)
+        start(f.fileno(), 1 << 40, 5)  # past the end: nothing to do
+    with open(path, "rb") as f:
+        start(f.fileno(), 0, 10)  # read-only: refused by the kernel, ignored
+    assert path.read_bytes() == b"x" * 10_000
+    # A real durable save of several chunks.
+    tree = {"w": np.arange(5 << 20, dtype=np.float32), "b": np.ones(7, np.float16)}
+    save(tmp_path / "m.safetensors", tree)
+    out = load(tmp_path / "m.safetensors", tree)
+    assert np.array_equal(out["w"], tree["w"]) and np.array_equal(out["b"], tree["b"])
+
+
+@pytest.mark.parametrize("nbytes", [0, 4, 1000, (2 << 20) - 4, 2 << 20, 5_000_004])
+def test_load_buffers_are_aligned_and_sized(nbytes):
+    array = ckpt._aligned_empty((nbytes // 4,), np.dtype(np.float32))
+    assert array.shape == (nbytes // 4,) and array.flags.writeable
+    assert array.ctypes.data % ckpt._ALIGNMENT == 0 or not nbytes
+    if nbytes >= ckpt._HUGE_PAGE and ckpt._MADV_HUGEPAGE is not None:
+        assert array.ctypes.data % ckpt._HUGE_PAGE == 0
+    array[:] = 1.5  # the whole buffer is usable
+    assert float(array.sum()) == 1.5 * (nbytes // 4)
+
+
+def test_large_tensors_load_into_huge_page_buffers(tmp_path):
+    tree = {
+        "w": np.arange(3 << 20, dtype=np.float32).reshape(3, 1 << 20),  # 12 MiB
+        "v": np.arange(600_000, dtype=np.int32),  # 2.3 MiB, not whole huge pages
+        "s": np.ones(3, np.float32),
+    }
+    path = tmp_path / "m.safetensors"
+    save(path, tree)
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    host = load(path, template, host=True)
+    for key, want in tree.items():
+        assert type(host[key]) is np.ndarray and np.array_equal(host[key], want)
+    host["w"][0, 0] = -1.0  # writable, and ours alone
+    assert tree["w"][0, 0] == 0.0
+    device = load(path, template)
+    del host
+    for key, want in tree.items():
+        assert np.array_equal(np.asarray(device[key]), want)
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink"), reason="no symbolic links")
