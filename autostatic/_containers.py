@@ -322,7 +322,7 @@ def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
     kind = type(value)
     if kind is list or isinstance(value, (FrozenList, tuple)):
         return list(enumerate(value))
-    if kind in _DICT_KINDS:
+    if kind in _DICT_KINDS or isinstance(value, FrozenDict):
         return list(value.items())
     return None
 

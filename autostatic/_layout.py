@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
 
-from ._containers import format_path, FrozenList
+from ._containers import format_path, FrozenDict, FrozenList
 
 # The kind of a field, decided per instance at the end of construction.
 DYNAMIC: Final = 0  # every leaf is an array (or it has no leaves): a child
@@ -307,16 +307,18 @@ def _leaf_value(aux: Any) -> Any:
 
 
 class MixedFrozenList(FrozenList):
-    """A frozen list of arrays, modules and non-array leaves (a stack of layers and
-    activations), whose non-array leaf items ride in its own aux data.
+    """A frozen list of arrays, modules, non-array leaves and such lists and dicts (a
+    stack of layers and activations), whose non-array leaf items ride in its own aux
+    data.
 
     The attribute value is the pytree node itself: reading it unwraps nothing. Its
     children are the items, with `None` (an empty node, compared in C) in place of
     each static item, so key paths are the list's and contiguous, as tools that
     rebuild lists from key paths (orbax) need; its aux data is `(path, static
     positions, *aux of each static item)`, each compared as a `StaticLeaf`'s, with
-    no `StaticLeaf` node per item to visit. Only a field's own value is one
-    (`_partition`); freezing it again gives a plain `FrozenList`.
+    no `StaticLeaf` node per item to visit. Made only for a field's value and the
+    lists and dicts in it (`_partition`); freezing it again gives a plain
+    `FrozenList`.
     """
 
     __slots__ = ("_children", "_aux")
@@ -330,65 +332,145 @@ class MixedFrozenList(FrozenList):
         children: tuple[Any, ...] | None = None,
     ):
         FrozenList.__init__(self, items, path)
-        if children is None:
-            placeholders = list(self)
-            for i in static:
-                placeholders[i] = None
-            children = tuple(placeholders)
-        self._children = children
-        self._aux = _mixed_aux(self, path, static) if aux is None else aux
+        self._children = _placeholders(self, static) if children is None else children
+        if aux is None:
+            aux = _mixed_aux((path,), self, static, lambda i: f"[{i}]")
+        self._aux = aux
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (MixedFrozenList, (list(self), self._path, self._aux[1]))
 
 
-# The aux data last made per list path: the lists of a stack of blocks hold the very
-# same static items (one `relu`), so they share one aux object, and two models built
-# apart compare it by identity. One entry per field path, so nothing accumulates.
+class MixedFrozenDict(FrozenDict):
+    """A frozen dict like `MixedFrozenList`: children are the values in sorted key
+    order with `None` for each static one, and the aux data is `(path, keys, static
+    positions, *aux of each static value)`."""
+
+    __slots__ = ("_children", "_aux")
+
+    def __init__(
+        self,
+        items: Any,
+        path: Any,
+        static: tuple[int, ...],
+        aux: Any = None,
+        children: tuple[Any, ...] | None = None,
+    ):
+        FrozenDict.__init__(self, items, path)
+        keys = self._sorted_keys
+        if children is None:
+            values = [dict.__getitem__(self, k) for k in keys]
+            children = _placeholders(values, static)
+        if aux is None:
+            values = [dict.__getitem__(self, k) for k in keys]
+            aux = _mixed_aux((path, keys), values, static, lambda i: f"[{keys[i]!r}]")
+        self._children = children
+        self._aux = aux
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (MixedFrozenDict, (dict(self), self._path, self._aux[2]))
+
+
+def _placeholders(values: Any, static: tuple[int, ...]) -> tuple[Any, ...]:
+    children = list(values)
+    for i in static:
+        children[i] = None
+    return tuple(children)
+
+
+# The aux data last made per container path: the lists of a stack of blocks hold the
+# very same static items (one `relu`), so they share one aux object, and two models
+# built apart compare it by identity. One entry per path, so nothing accumulates.
 _recent_mixed_aux: dict[Any, tuple[Any, ...]] = {}
 
 
-def _mixed_aux(items: list[Any], path: Any, static: tuple[int, ...]) -> tuple[Any, ...]:
+def _mixed_aux(
+    head: tuple[Any, ...],
+    values: Any,
+    static: tuple[int, ...],
+    key_text: Callable[[int], str],
+) -> tuple[Any, ...]:
+    """`(*head, static, *aux of each static value)`, the recent one of the same path
+    if it holds the very same values."""
+    path, n = head[0], len(head)
     recent = _recent_mixed_aux.get(path)
     if (
         recent is not None
-        and recent[1] == static
+        and recent[:n] == head
+        and recent[n] == static
         and all(
-            type(a) is not StaticLeaf and _leaf_value(a) is items[i]
-            for i, a in zip(static, recent[2:])
+            type(a) is not StaticLeaf and _leaf_value(a) is values[i]
+            for i, a in zip(static, recent[n + 1 :])
         )
     ):
         return recent
     where = format_path(path)
-    aux = (path, static, *(StaticLeaf(items[i], f"{where}[{i}]").aux for i in static))
+    leaf_auxes = (StaticLeaf(values[i], where + key_text(i)).aux for i in static)
+    aux = (*head, static, *leaf_auxes)
     _recent_mixed_aux[path] = aux
     return aux
 
 
-def _mixed_flatten_with_keys(x: MixedFrozenList) -> tuple[Any, Any]:
-    return tuple((jtu.SequenceKey(i), c) for i, c in enumerate(x._children)), x._aux
+def _filled(children: tuple[Any, ...], static: tuple[int, ...], leaf_auxes: Any):
+    values = list(children)
+    for i, leaf_aux in zip(static, leaf_auxes):
+        values[i] = _leaf_value(leaf_aux)
+    return values
 
 
-def _mixed_unflatten(aux: Any, children: Any) -> MixedFrozenList:
+def _mixed_list_unflatten(aux: Any, children: Any) -> MixedFrozenList:
+    # Without `__init__`: this runs for every such list on every unflatten.
     children = tuple(children)
-    items = list(children)
-    for i, leaf_aux in zip(aux[1], aux[2:]):
-        items[i] = _leaf_value(leaf_aux)
-    return MixedFrozenList(items, aux[0], aux[1], aux, children)
+    obj = list.__new__(MixedFrozenList)
+    list.extend(obj, _filled(children, aux[1], aux[2:]))
+    obj._path, obj._children, obj._aux, obj._sealed = aux[0], children, aux, True
+    return obj
+
+
+def _mixed_dict_unflatten(aux: Any, children: Any) -> MixedFrozenDict:
+    children = tuple(children)
+    values = _filled(children, aux[2], aux[3:])
+    return MixedFrozenDict(zip(aux[1], values), aux[0], aux[2], aux, children)
 
 
 jtu.register_pytree_with_keys(
     MixedFrozenList,
-    _mixed_flatten_with_keys,
-    _mixed_unflatten,
+    lambda x: (
+        tuple((jtu.SequenceKey(i), c) for i, c in enumerate(x._children)),
+        x._aux,
+    ),
+    _mixed_list_unflatten,
+    flatten_func=lambda x: (x._children, x._aux),
+)
+jtu.register_pytree_with_keys(
+    MixedFrozenDict,
+    lambda x: (tuple(zip(map(jtu.DictKey, x._sorted_keys), x._children)), x._aux),
+    _mixed_dict_unflatten,
     flatten_func=lambda x: (x._children, x._aux),
 )
 
 
-def unmixed(value: Any) -> Any:
-    """`value` with every item a pytree child: a `MixedFrozenList` as a `FrozenList`."""
-    if type(value) is MixedFrozenList:
-        return FrozenList(value, value._path)
+# How deep in a field's lists and dicts non-array leaves are carried by their
+# containers; a deeper nest keeps `StaticLeaf` wrappers (walked without recursion).
+MIXED_DEPTH: Final = 16
+
+
+def unmixed(value: Any, depth: int = 0) -> Any:
+    """`value` with every item of its lists and dicts a pytree child again: each
+    `MixedFrozenList` / `MixedFrozenDict` in it as a plain frozen container."""
+    kind = type(value)
+    if depth > MIXED_DEPTH:
+        return value
+    if kind is MixedFrozenList or kind is FrozenList:
+        items = [unmixed(x, depth + 1) for x in value]
+        if kind is FrozenList and all(a is b for a, b in zip(items, value)):
+            return value
+        return FrozenList(items, value._path)
+    if kind is MixedFrozenDict or kind is FrozenDict:
+        pairs = {k: unmixed(v, depth + 1) for k, v in dict.items(value)}
+        if kind is FrozenDict and all(pairs[k] is v for k, v in dict.items(value)):
+            return value
+        return FrozenDict(pairs, value._path)
     return value
 
 

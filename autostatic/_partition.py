@@ -32,7 +32,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._compat import install_flatten_generator
-from ._containers import ContainerPath, freeze, FrozenList
+from ._containers import ContainerPath, freeze, FrozenDict, FrozenList
 from ._layout import (
     Aux,
     CHILD_KINDS,
@@ -47,6 +47,8 @@ from ._layout import (
     map_preserving,
     materialise,
     MIXED,
+    MIXED_DEPTH,
+    MixedFrozenDict,
     MixedFrozenList,
     PlainSplit,
     set_partition,
@@ -189,10 +191,10 @@ def _split_field(
             return STATIC_COMPARED_IN_PYTHON, StaticLeaf(value, where)
         return STATIC, value
 
-    if type(value) is FrozenList:
-        mixed = _flat_mixed_list(value, leaves)
-        if mixed is not None:
-            return DYNAMIC, mixed  # the attribute is the child, as it is
+    if type(value) is FrozenList or type(value) is FrozenDict:
+        carried = _carried(value, set(map(id, leaves)))
+        if carried is not None:
+            return DYNAMIC, carried  # the attribute is the child, as it is
 
     def wrap(leaf: Any, path: str) -> Any:
         # A module with a partition flattens to arrays only: nothing to wrap inside.
@@ -203,21 +205,48 @@ def _split_field(
     return MIXED, map_preserving(value, wrap, has_partition)
 
 
-def _flat_mixed_list(value: FrozenList, leaves: list[Any]) -> Any:
-    """`value` as a `MixedFrozenList` when every item is a leaf or a module with a
-    partition (a stack of layers and activations); else None (nested containers
-    take `map_preserving`)."""
-    leaf_ids = set(map(id, leaves))
+def _carried(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
+    """`value`, a frozen list or dict, with the non-array leaf items of it and of
+    the lists and dicts in it carried in their own aux data (`MixedFrozenList`,
+    `MixedFrozenDict`); None if an item is another kind of node holding a
+    non-array leaf (a tuple, a user's pytree), or the nest is deeper than
+    `MIXED_DEPTH`: that value keeps `StaticLeaf` wrappers."""
+    if depth > MIXED_DEPTH:
+        return None
+    if type(value) is FrozenList:
+        keys, items = None, list(value)
+    else:
+        keys = value._sorted_keys  # pyright: ignore[reportAttributeAccessIssue]
+        items = [dict.__getitem__(value, k) for k in keys]
     static = []
-    for i, item in enumerate(value):
-        if type(item) in _plain_array_types or has_partition(item):
+    changed = False
+    for i, item in enumerate(items):
+        kind = type(item)
+        if kind in _plain_array_types or item is None or has_partition(item):
             continue
-        if id(item) not in leaf_ids:
+        if kind is FrozenList or kind is FrozenDict:
+            new = _carried(item, leaf_ids, depth + 1)
+            if new is None:
+                return None
+            if new is not item:
+                items[i], changed = new, True
+        elif id(item) not in leaf_ids:
             return None
-        if not is_dynamic_leaf(item):
+        elif not is_dynamic_leaf(item):
             static.append(i)
-    path = value._path  # pyright: ignore[reportPrivateUsage]
-    return MixedFrozenList(value, path, _interned_positions(tuple(static)))
+    if not static and not changed:
+        return value
+    path = value._path  # pyright: ignore[reportAttributeAccessIssue]
+    positions = _interned_positions(tuple(static))
+    if keys is None:
+        if static:
+            return MixedFrozenList(items, path, positions)
+        return FrozenList(items, path)
+    new = dict(zip(keys, items))
+    pairs = [(k, new[k]) for k in value]  # in the user's order
+    if static:
+        return MixedFrozenDict(pairs, path, positions)
+    return FrozenDict(pairs, path)
 
 
 _positions: dict[tuple[int, ...], tuple[int, ...]] = {}

@@ -51,7 +51,10 @@ def twins():
     values = fields()
     auto = make_model(asx.AutoModule)(**values)
     plain = make_model(eqx.Module)(**values)
-    assert type(auto.layers) is FrozenList and type(auto.counts) is FrozenDefaultDict
+    # The mixed list carries its static items itself (a FrozenList subclass).
+    assert (
+        isinstance(auto.layers, FrozenList) and type(auto.counts) is FrozenDefaultDict
+    )
     assert type(auto.layers[2]["ids"]) is FrozenSet
     assert type(plain.layers) is list
     return auto, plain

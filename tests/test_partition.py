@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import autostatic as asx
+import autostatic._layout as asx_layout
 
 from .helpers import (
     array_keystrs,
@@ -436,3 +437,56 @@ def test_a_flat_mixed_list_carries_its_static_items_itself():
         == ".layers[0].weight"
     )
     assert asx.tree_at(lambda m: m.layers[1], net, jax.nn.gelu).layers[1] is jax.nn.gelu
+
+
+def test_nested_lists_and_dicts_carry_their_static_items():
+    """Lists and dicts inside a mixed field carry their own static items too; a tuple
+    holding one, or a nest deeper than MIXED_DEPTH, keeps StaticLeaf wrappers. Both
+    give eqx.Module's array paths and the plain values back."""
+    import pickle
+
+    from autostatic._layout import MIXED_DEPTH, MixedFrozenDict, StaticLeaf
+
+    linear = eqx.nn.Linear(2, 2, key=KEY)
+    value = [linear, {"w": jnp.ones(2), "tag": "x", "f": double}, [jnp.ones(1), 3]]
+    net = Stack(value)
+    assert type(net.layers[1]) is MixedFrozenDict
+    assert list(net.layers[1]) == ["w", "tag", "f"]  # the user's key order
+    paths = [jax.tree_util.keystr(p) for p, _ in jtu_paths(net)]
+    assert paths == [
+        ".layers[0].weight",
+        ".layers[0].bias",
+        ".layers[1]['w']",
+        ".layers[2][0]",
+    ]
+    structure = jax.tree_util.tree_structure(net)
+    is_static_leaf = lambda x: type(x) is StaticLeaf
+    flat = jax.tree_util.tree_flatten(net, is_leaf=is_static_leaf)[0]
+    assert not any(map(is_static_leaf, flat))
+    again = pickle.loads(pickle.dumps(net))
+    assert jax.tree_util.tree_structure(again) == structure
+    assert again.layers[1]["f"] is double and again.layers[2][1] == 3
+    rebuilt = jax.tree_util.tree_map(lambda x: x * 2, net)
+    assert rebuilt.layers[1]["tag"] == "x" and rebuilt.layers[2][1] == 3
+    assert asx.tree_at(lambda m: m.layers[1]["tag"], net, "y").layers[1]["tag"] == "y"
+    assert jax.tree_util.tree_structure(Stack(list(value))) == structure
+
+    # Fallbacks: a tuple with a static item, and a nest deeper than MIXED_DEPTH.
+    for fallback in (
+        [jnp.ones(1), (jnp.ones(1), "t")],
+        nested_lists(MIXED_DEPTH + 2, [jnp.ones(1), "deep"]),
+    ):
+        model = Stack(fallback)
+        assert type(model.layers) is not asx_layout.MixedFrozenList
+        rebuilt = jax.tree_util.tree_map(lambda x: x + 1, model)
+        assert jax.tree_util.tree_structure(rebuilt) == (
+            jax.tree_util.tree_structure(model)
+        )
+        assert jax.jit(lambda m: jax.tree_util.tree_leaves(m)[0] + 1)(model).shape
+
+
+def nested_lists(depth: int, bottom: list) -> list:
+    nest = bottom
+    for _ in range(depth):
+        nest = [nest]
+    return nest
