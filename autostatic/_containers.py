@@ -11,7 +11,7 @@ of the built-ins (`SequenceKey`, `DictKey` in sorted key order).
 
 from collections import defaultdict, OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, Final
 
 import jax.tree_util as jtu
 
@@ -312,9 +312,10 @@ _DICT_KINDS = (
 )
 
 
-# Leaves that are neither containers nor converted (`freeze`'s `convert` hook
-# replaces objects of other types only).
-_NOT_CONTAINERS = frozenset({int, float, bool, str, complex, bytes, type(None)})
+# Python scalars: leaves that are static, compare in C, hide no array and are never a
+# container (nor converted by `freeze`'s `convert` hook).
+SCALAR_TYPES: Final = frozenset({int, float, bool, str, complex, bytes})
+_NOT_CONTAINERS = SCALAR_TYPES | {type(None)}
 
 
 def _items(value: Any) -> list[tuple[Hashable, Any]] | None:

@@ -5,8 +5,9 @@ in the slot of `Partitioned`, so flattening is one slot read, and unflattening o
 creates the instance and fills that slot; the attributes are filled in from it on
 first access (`materialise`). `_partition` decides what goes where; this module owns
 the formats: the per-class `FieldSpec`, the interned `Layout` (which field is which
-kind), the aux tuple `Aux`, and `StaticLeaf`, the wrapper of a non-array leaf inside
-a child.
+kind, and the types of the static values), the aux tuple `Aux`, `StaticLeaf`, the
+wrapper of a non-array leaf inside a child, and `MixedFrozenList` /
+`MixedFrozenDict`, the lists and dicts that carry their non-array items themselves.
 """
 
 import dataclasses
@@ -101,7 +102,7 @@ class Layout:
         "compared_in_python",
         "plain",
         "static_types",
-        "split",
+        "untyped",
         "typed",
         "fill",
     )
@@ -132,19 +133,19 @@ class Layout:
         # None for the layout of a split; the types of the static values for each
         # layout an instance's aux holds, one per distinct types tuple (`typed`).
         self.static_types = static_types
-        self.split: Layout = self
+        self.untyped: Layout = self
         self.typed: dict[tuple[type, ...], Layout] = {}
         self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
 
     def with_types(self, static_types: tuple[type, ...]) -> "Layout":
         """This split with these static value types, one object per types tuple."""
-        split = self.split
+        untyped = self.untyped
         try:
-            return split.typed[static_types]
+            return untyped.typed[static_types]
         except KeyError:
             typed = Layout(self.cls, self.kinds, static_types)
-            typed.split = split
-            return split.typed.setdefault(static_types, typed)
+            typed.untyped = untyped
+            return untyped.typed.setdefault(static_types, typed)
 
     def __reduce__(self):
         # The split only: `type(f)` of a function cannot be pickled, and an Aux
@@ -152,9 +153,11 @@ class Layout:
         return (layout_for, (self.cls, self.kinds))
 
     def __repr__(self) -> str:
+        types = self.static_types
+        typed = "" if types is None else f", types={tuple(t.__name__ for t in types)}"
         return (
             f"Layout({self.cls.__qualname__}, children={self.child_names}, "
-            f"static={self.static_names})"
+            f"static={self.static_names}{typed})"
         )
 
 
@@ -246,10 +249,11 @@ class StaticLeaf:
     """A non-array leaf of a mixed field: an empty pytree node carrying the value.
 
     Its aux data, which JAX compares on every jit cache lookup that does not hold the
-    very same treedef, is `(type, value)`: a tuple, compared in C when the value's
-    `==` is (functions, numbers, strings). A value whose `==` runs in Python (and may
-    raise) has the node itself as aux data, whose `__eq__` names the attribute. The
-    value object stays the same (`is`) through any tree_map.
+    very same treedef, is compared in C: the value itself when its type's `==` is
+    `object`'s (a function: equal only to itself), else `(type, value)` (numbers,
+    strings: `1 == 1.0` must not share a compiled program). A value whose `==` runs
+    in Python (and may raise) has the node itself as aux data, whose `__eq__` names
+    the attribute. The value object stays the same (`is`) through any tree_map.
     """
 
     __slots__ = ("value", "where", "aux")
@@ -306,69 +310,90 @@ def _leaf_value(aux: Any) -> Any:
     return aux[1] if type(aux) is tuple else aux
 
 
+class MixedAux(tuple):
+    """The aux data of a `MixedFrozenList` / `MixedFrozenDict`: `(path, keys, static
+    positions, *aux of each static item)`, `keys` the sorted keys of a dict (None for
+    a list), each item's aux compared as a `StaticLeaf`'s. A flat tuple compared in
+    C, like `Aux`."""
+
+    __slots__ = ()
+
+    @property
+    def path(self) -> Any:
+        return self[0]
+
+    @property
+    def keys(self) -> tuple[Any, ...] | None:
+        return self[1]
+
+    @property
+    def dict_keys(self) -> tuple[Any, ...]:
+        """`keys`, for the aux of a dict."""
+        return self[1]
+
+    @property
+    def static(self) -> tuple[int, ...]:
+        return self[2]
+
+    @property
+    def leaf_auxes(self) -> tuple[Any, ...]:
+        return self[3:]
+
+    def __reduce__(self):
+        # The items' aux may hold `type(f)` of a function, which cannot be pickled:
+        # made again from the static values.
+        values = tuple(map(_leaf_value, self.leaf_auxes))
+        return (_remade_mixed_aux, (self.path, self.keys, self.static, values))
+
+
+def _remade_mixed_aux(
+    path: Any, keys: tuple[Any, ...] | None, static: tuple[int, ...], values: Any
+) -> MixedAux:
+    where = format_path(path)
+    key_text = (lambda i: f"[{i}]") if keys is None else (lambda i: f"[{keys[i]!r}]")
+    auxes = (StaticLeaf(v, where + key_text(i)).aux for i, v in zip(static, values))
+    return MixedAux((path, keys, static, *auxes))
+
+
 class MixedFrozenList(FrozenList):
     """A frozen list of arrays, modules, non-array leaves and such lists and dicts (a
     stack of layers and activations), whose non-array leaf items ride in its own aux
-    data.
+    data (`MixedAux`).
 
     The attribute value is the pytree node itself: reading it unwraps nothing. Its
     children are the items, with `None` (an empty node, compared in C) in place of
     each static item, so key paths are the list's and contiguous, as tools that
-    rebuild lists from key paths (orbax) need; its aux data is `(path, static
-    positions, *aux of each static item)`, each compared as a `StaticLeaf`'s, with
-    no `StaticLeaf` node per item to visit. Made only for a field's value and the
-    lists and dicts in it (`_partition`); freezing it again gives a plain
-    `FrozenList`.
+    rebuild lists from key paths (orbax) need; there is no `StaticLeaf` node per item
+    to visit when treedefs are compared. Made only for a field's value and the lists
+    and dicts in it (`_partition`); freezing it again gives a plain `FrozenList`.
     """
 
-    __slots__ = ("_children", "_aux")
+    __slots__ = ("_children", "_aux", "__weakref__")
 
-    def __init__(
-        self,
-        items: Any,
-        path: Any,
-        static: tuple[int, ...],
-        aux: Any = None,
-        children: tuple[Any, ...] | None = None,
-    ):
+    def __init__(self, items: Any, path: Any, static: tuple[int, ...]):
         FrozenList.__init__(self, items, path)
-        self._children = _placeholders(self, static) if children is None else children
-        if aux is None:
-            aux = _mixed_aux((path,), self, static, lambda i: f"[{i}]")
-        self._aux = aux
+        self._children = _placeholders(self, static)
+        self._aux = _mixed_aux(self, None, self, static)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (MixedFrozenList, (list(self), self._path, self._aux[1]))
+        return (MixedFrozenList, (list(self), self._path, self._aux.static))
 
 
 class MixedFrozenDict(FrozenDict):
-    """A frozen dict like `MixedFrozenList`: children are the values in sorted key
-    order with `None` for each static one, and the aux data is `(path, keys, static
-    positions, *aux of each static value)`."""
+    """A frozen dict like `MixedFrozenList`: its children are the values in sorted key
+    order, with `None` for each static one."""
 
-    __slots__ = ("_children", "_aux")
+    __slots__ = ("_children", "_aux", "__weakref__")
 
-    def __init__(
-        self,
-        items: Any,
-        path: Any,
-        static: tuple[int, ...],
-        aux: Any = None,
-        children: tuple[Any, ...] | None = None,
-    ):
+    def __init__(self, items: Any, path: Any, static: tuple[int, ...]):
         FrozenDict.__init__(self, items, path)
         keys = self._sorted_keys
-        if children is None:
-            values = [dict.__getitem__(self, k) for k in keys]
-            children = _placeholders(values, static)
-        if aux is None:
-            values = [dict.__getitem__(self, k) for k in keys]
-            aux = _mixed_aux((path, keys), values, static, lambda i: f"[{keys[i]!r}]")
-        self._children = children
-        self._aux = aux
+        values = [dict.__getitem__(self, k) for k in keys]
+        self._children = _placeholders(values, static)
+        self._aux = _mixed_aux(self, keys, values, static)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (MixedFrozenDict, (dict(self), self._path, self._aux[2]))
+        return (MixedFrozenDict, (dict(self), self._path, self._aux.static))
 
 
 def _placeholders(values: Any, static: tuple[int, ...]) -> tuple[Any, ...]:
@@ -378,59 +403,82 @@ def _placeholders(values: Any, static: tuple[int, ...]) -> tuple[Any, ...]:
     return tuple(children)
 
 
-# The aux data last made per container path: the lists of a stack of blocks hold the
-# very same static items (one `relu`), so they share one aux object, and two models
-# built apart compare it by identity. One entry per path, so nothing accumulates.
-_recent_mixed_aux: dict[Any, tuple[Any, ...]] = {}
+# The container last built per kind and path, held weakly: the lists of a stack of
+# blocks hold the very same static items (one `relu`), so they share its aux object,
+# and two models built apart compare it by identity. Nothing is kept alive once the
+# container is gone.
+_recent_mixed: "weakref.WeakValueDictionary[tuple[type, Any], Any]" = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _exactly_equal(a: tuple[Any, ...] | None, b: tuple[Any, ...] | None) -> bool:
+    # Type by type: `0 == 0.0 == False` must not let one dict's keys stand in for
+    # another's.
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(
+        x is y or (type(x) is type(y) and x == y) for x, y in zip(a, b)
+    )
 
 
 def _mixed_aux(
-    head: tuple[Any, ...],
-    values: Any,
-    static: tuple[int, ...],
-    key_text: Callable[[int], str],
-) -> tuple[Any, ...]:
-    """`(*head, static, *aux of each static value)`, the recent one of the same path
-    if it holds the very same values."""
-    path, n = head[0], len(head)
-    recent = _recent_mixed_aux.get(path)
+    container: Any, keys: tuple[Any, ...] | None, values: Any, static: tuple[int, ...]
+) -> MixedAux:
+    """The `MixedAux` of a new `container` holding `values` (in key order): that of
+    the last one of the same kind and path if it holds the very same static values."""
+    path = container._path
+    last = _recent_mixed.get((type(container), path))
+    recent = None if last is None else last._aux
     if (
         recent is not None
-        and recent[:n] == head
-        and recent[n] == static
+        and recent.static == static
+        and len(recent.leaf_auxes) == len(static)
+        and _exactly_equal(recent.path, path)
+        and _exactly_equal(recent.keys, keys)
         and all(
             type(a) is not StaticLeaf and _leaf_value(a) is values[i]
-            for i, a in zip(static, recent[n + 1 :])
+            for i, a in zip(static, recent.leaf_auxes)
         )
     ):
         return recent
-    where = format_path(path)
-    leaf_auxes = (StaticLeaf(values[i], where + key_text(i)).aux for i in static)
-    aux = (*head, static, *leaf_auxes)
-    _recent_mixed_aux[path] = aux
+    aux = _remade_mixed_aux(path, keys, static, [values[i] for i in static])
+    _recent_mixed[type(container), path] = container
     return aux
 
 
-def _filled(children: tuple[Any, ...], static: tuple[int, ...], leaf_auxes: Any):
-    values = list(children)
-    for i, leaf_aux in zip(static, leaf_auxes):
-        values[i] = _leaf_value(leaf_aux)
-    return values
-
-
-def _mixed_list_unflatten(aux: Any, children: Any) -> MixedFrozenList:
-    # Without `__init__`: this runs for every such list on every unflatten.
+def _unflattened_values(
+    aux: MixedAux, children: Any
+) -> tuple[list[Any], tuple[Any, ...]]:
+    """The item values, and the children as given: what a tree puts in a static
+    item's place is kept as a child (orbax maps `None` nodes to its own metadata and
+    reads it back), while the attribute gives the static item."""
     children = tuple(children)
+    values = list(children)
+    for i, leaf_aux in zip(aux.static, aux.leaf_auxes):
+        values[i] = _leaf_value(leaf_aux)
+    return values, children
+
+
+# Unflatten runs for every such container on every unflatten: without `__init__`.
+
+
+def _mixed_list_unflatten(aux: MixedAux, children: Any) -> MixedFrozenList:
+    values, children = _unflattened_values(aux, children)
     obj = list.__new__(MixedFrozenList)
-    list.extend(obj, _filled(children, aux[1], aux[2:]))
-    obj._path, obj._children, obj._aux, obj._sealed = aux[0], children, aux, True
+    list.extend(obj, values)
+    obj._path, obj._children, obj._aux, obj._sealed = aux.path, children, aux, True
     return obj
 
 
-def _mixed_dict_unflatten(aux: Any, children: Any) -> MixedFrozenDict:
-    children = tuple(children)
-    values = _filled(children, aux[2], aux[3:])
-    return MixedFrozenDict(zip(aux[1], values), aux[0], aux[2], aux, children)
+def _mixed_dict_unflatten(aux: MixedAux, children: Any) -> MixedFrozenDict:
+    values, children = _unflattened_values(aux, children)
+    obj = dict.__new__(MixedFrozenDict)
+    keys = aux.dict_keys
+    dict.update(obj, zip(keys, values))
+    obj._path, obj._sorted_keys, obj._children, obj._aux = aux.path, keys, children, aux
+    obj._sealed = True
+    return obj
 
 
 jtu.register_pytree_with_keys(

@@ -9,12 +9,16 @@ sentinels keeps the structure (deciding again at flatten time is what inox aband
 Each declared field is one of three kinds, in declaration order:
 
 - dynamic: every leaf of its value is an array (or it has no leaves). The value itself
-  is a pytree child, so key paths are natural: `.layers[0].weight`.
+  is a pytree child, so key paths are natural: `.layers[0].weight`. So is a list or
+  dict holding both arrays and other leaves (a stack of layers and activations): it
+  becomes a `MixedFrozenList` / `MixedFrozenDict`, which carries its non-array items
+  in its own aux data, as do the lists and dicts inside it.
 - static: it has leaves and none is an array. The value rides in the aux data.
-- mixed: both. The child is the value with each non-array leaf wrapped in an empty
-  pytree node (`StaticLeaf`) that carries the leaf in its own aux data; the attribute
-  keeps the plain value. The wrappers travel with their parent nodes through
-  `tree_at`, `make_with_state` and other rewrites of sub-nodes.
+- mixed: both, in another container (a tuple, a user's pytree). The child is the
+  value with each non-array leaf wrapped in an empty pytree node (`StaticLeaf`) that
+  carries the leaf in its own aux data; the attribute keeps the plain value. The
+  wrappers travel with their parent nodes through `tree_at`, `make_with_state` and
+  other rewrites of sub-nodes.
 
 Before that, lists, dicts and sets are frozen and `eqx.nn` layers become their fast
 twins (`_twins`). This module also gives the exposed form used by model surgery and
@@ -32,7 +36,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._compat import install_flatten_generator
-from ._containers import ContainerPath, freeze, FrozenDict, FrozenList
+from ._containers import ContainerPath, freeze, FrozenDict, FrozenList, SCALAR_TYPES
 from ._layout import (
     Aux,
     CHILD_KINDS,
@@ -107,9 +111,6 @@ def _leaf_paths(value: Any) -> list[str]:
     return [jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(value)[0]]
 
 
-# Leaves that are static, compare in C, hide no array and are never a container.
-_PLAIN_STATIC_TYPES: Final = frozenset({int, float, bool, str, complex, bytes})
-
 # Exact types found to be array leaves that need no per-value check (jax arrays,
 # tracers, numpy scalars; not numpy arrays, whose dtype may be `object`): whether a
 # type is an array does not depend on the value, so the weights of every layer skip
@@ -121,7 +122,7 @@ def _plain_kind(value: Any, forced_static: bool) -> int | None:
     """STATIC or DYNAMIC for a value that needs neither freezing nor checks, else
     None."""
     kind = type(value)
-    if kind in _PLAIN_STATIC_TYPES:
+    if kind in SCALAR_TYPES:
         return STATIC  # the sizes and flags of every layer
     if kind in _plain_array_types and not forced_static:
         return DYNAMIC
@@ -139,7 +140,7 @@ def _split_field(
     if (
         (type(value) is FrozenList or type(value) is tuple)
         and value
-        and all(type(x) in _PLAIN_STATIC_TYPES for x in value)
+        and all(type(x) in SCALAR_TYPES for x in value)
     ):
         return STATIC, value  # sizes, names: no array, nothing to check
     where = f"{qualname}.{name}"
@@ -179,7 +180,7 @@ def _split_field(
         kind = MIXED
     paths = None
     for i, (leaf, flag) in enumerate(zip(leaves, flags)):
-        if flag or not warn or type(leaf) in _PLAIN_STATIC_TYPES:
+        if flag or not warn or type(leaf) in SCALAR_TYPES:
             continue
         problem = _static_problem(leaf)
         if problem is not None:
@@ -192,9 +193,9 @@ def _split_field(
         return STATIC, value
 
     if type(value) is FrozenList or type(value) is FrozenDict:
-        carried = _carried(value, set(map(id, leaves)))
-        if carried is not None:
-            return DYNAMIC, carried  # the attribute is the child, as it is
+        mixed = _mixed_container(value, set(map(id, leaves)))
+        if mixed is not None:
+            return DYNAMIC, mixed  # the attribute is the child, as it is
 
     def wrap(leaf: Any, path: str) -> Any:
         # A module with a partition flattens to arrays only: nothing to wrap inside.
@@ -205,7 +206,7 @@ def _split_field(
     return MIXED, map_preserving(value, wrap, has_partition)
 
 
-def _carried(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
+def _mixed_container(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
     """`value`, a frozen list or dict, with the non-array leaf items of it and of
     the lists and dicts in it carried in their own aux data (`MixedFrozenList`,
     `MixedFrozenDict`); None if an item is another kind of node holding a
@@ -225,7 +226,7 @@ def _carried(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
         if kind in _plain_array_types or item is None or has_partition(item):
             continue
         if kind is FrozenList or kind is FrozenDict:
-            new = _carried(item, leaf_ids, depth + 1)
+            new = _mixed_container(item, leaf_ids, depth + 1)
             if new is None:
                 return None
             if new is not item:
@@ -237,7 +238,7 @@ def _carried(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
     if not static and not changed:
         return value
     path = value._path  # pyright: ignore[reportAttributeAccessIssue]
-    positions = _interned_positions(tuple(static))
+    positions = tuple(static)
     if keys is None:
         if static:
             return MixedFrozenList(items, path, positions)
@@ -247,14 +248,6 @@ def _carried(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
     if static:
         return MixedFrozenDict(pairs, path, positions)
     return FrozenDict(pairs, path)
-
-
-_positions: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def _interned_positions(static: tuple[int, ...]) -> tuple[int, ...]:
-    # Part of the aux data: equal positions in two models are then the same object.
-    return _positions.setdefault(static, static)
 
 
 class _ContainsItself(Exception):

@@ -31,8 +31,19 @@ def _contains_automodule(tree: Any) -> bool:
     return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
 
 
+def _decided_or_container(x: Any) -> bool:
+    return has_partition(x) or isinstance(x, (list, dict, set))
+
+
 def _arrays_only(tree: Any) -> bool:
-    return all(map(is_dynamic_leaf, jtu.tree_leaves(tree)))
+    """Whether Equinox's own `tree_at` may put `tree` in place as it is: arrays, and
+    modules with a partition of their own. A list, dict or set (frozen or not) must
+    be frozen for its new place (and another field's frozen container carries that
+    field's path and, if mixed, static items the leaves do not show)."""
+    return all(
+        has_partition(x) or is_dynamic_leaf(x)
+        for x in jtu.tree_leaves(tree, is_leaf=_decided_or_container)
+    )
 
 
 def _targets_twins(where: Callable[[Any], Any], pytree: Any) -> bool:
@@ -41,6 +52,18 @@ def _targets_twins(where: Callable[[Any], Any], pytree: Any) -> bool:
     except Exception:  # Equinox's own call reports a malformed `where`
         return False
     return any(map(is_twin, jtu.tree_leaves(targets, is_leaf=is_twin)))
+
+
+def _targets_arrays(where: Callable[[Any], Any], pytree: Any) -> bool:
+    """Whether a target holds an array: `pytree` is then a model, whose children are
+    arrays. A tree mapped from one (a filter spec of bools, gradients with `None`s)
+    holds other values where the arrays were, and keeps its structure when one is
+    replaced, as with `eqx.Module`."""
+    try:
+        targets = where(pytree)
+    except Exception:
+        return True
+    return any(map(is_dynamic_leaf, jtu.tree_leaves(targets)))
 
 
 def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
@@ -107,7 +130,11 @@ def _routed_tree_at(
             return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if arrays_only or not _contains_automodule(pytree):
+    if (
+        arrays_only
+        or not _contains_automodule(pytree)
+        or not _targets_arrays(where, pytree)
+    ):
         return out
     # A non-array now sits where only arrays may be children: decide it afresh.
     return tree_at(where, pytree, replace, replace_fn, is_leaf)

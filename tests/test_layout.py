@@ -37,7 +37,7 @@ def test_one_layout_object_per_types_and_1_1_0_true_differ():
     assert a.layout is b.layout  # compared by identity in treedef ==
     one, one_f, true = (_aux(Pair(jnp.ones(2), v, "p")) for v in (1, 1.0, True))
     assert one != one_f and one != true and one_f != true
-    assert one.layout is not one_f.layout and one.layout.split is one_f.layout.split
+    assert one.layout is not one_f.layout and one.layout.untyped is one_f.layout.untyped
     assert make_aux(one_f.layout, (1, "p")) == one  # re-typed from any layout
 
 

@@ -331,3 +331,48 @@ def test_eqx_tree_at_errors_stay_equinox_s():
         eqx.tree_at(lambda m: (m.inner.scale, m.dropout.p), model, (1.0,))
     with pytest.raises(TypeError, match=r"7\.0 is not a leaf"):
         eqx.tree_at(lambda m: 7.0, model, 3.0)
+
+
+class Layers(asx.AutoModule):
+    layers: list
+
+
+class EqxLayers(eqx.Module):
+    layers: list
+
+
+def test_eqx_tree_at_on_a_filter_spec_keeps_its_structure():
+    """Equinox's recipe for training only the last layer: a spec of bools mapped from
+    the model, with `eqx.tree_at` setting some to True. The spec is not a model (its
+    children hold bools where the arrays were), so nothing is decided afresh."""
+    results = []
+    for cls in (Layers, EqxLayers):
+        model = cls(
+            [eqx.nn.Linear(2, 2, key=KEY), jax.nn.relu, eqx.nn.Linear(2, 2, key=KEY)]
+        )
+        spec = jax.tree_util.tree_map(lambda _: False, model)
+        spec = eqx.tree_at(
+            lambda t: (t.layers[-1].weight, t.layers[-1].bias),
+            spec,
+            replace=(True, True),
+        )
+        trained, frozen = eqx.partition(model, spec)
+        results.append([x.shape for x in jax.tree_util.tree_leaves(trained)])
+        assert eqx.combine(trained, frozen).layers[1] is jax.nn.relu
+    assert results[0] == results[1] == [(2, 2), (2,)]
+
+
+def test_eqx_tree_at_with_another_field_s_list_freezes_it_for_its_new_place():
+    a = Layers([jnp.ones(2), jax.nn.relu])
+    b = Stack([jnp.zeros(2), jax.nn.relu])
+    moved = eqx.tree_at(lambda m: m.layers, a, b.blocks)
+    fresh = Layers([jnp.zeros(2), jax.nn.relu])
+    assert jax.tree_util.tree_structure(moved) == jax.tree_util.tree_structure(fresh)
+    with pytest.raises(TypeError, match=r"Layers\.layers cannot be modified"):
+        moved.layers.append(1)
+    plain = eqx.tree_at(lambda m: m.layers, a, [jnp.zeros(2), jax.nn.relu])
+    assert jax.tree_util.tree_structure(plain) == jax.tree_util.tree_structure(fresh)
+
+
+class Stack(asx.AutoModule):
+    blocks: list
