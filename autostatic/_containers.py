@@ -320,10 +320,12 @@ _NOT_CONTAINERS = SCALAR_TYPES | {type(None)}
 
 def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
     """(key, item) pairs of a container `freeze` descends into, else None."""
+    # By the type: `isinstance` on an `eqx.Module` reads `__class__` through
+    # Equinox's Python `__getattribute__`, for every layer of every model built.
     kind = type(value)
-    if kind is list or isinstance(value, (FrozenList, tuple)):
+    if kind is list or issubclass(kind, (FrozenList, tuple)):
         return list(enumerate(value))
-    if kind in _DICT_KINDS or isinstance(value, FrozenDict):
+    if kind in _DICT_KINDS or issubclass(kind, FrozenDict):
         return list(value.items())
     return None
 
@@ -331,7 +333,7 @@ def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
 def _rebuilt(value: Any, items: list[Any], path: ContainerPath) -> Any:
     """The frozen twin of container `value`, holding `items` (its frozen items)."""
     kind = type(value)
-    if kind is list or isinstance(value, FrozenList):
+    if kind is list or issubclass(kind, FrozenList):
         return FrozenList(items, path)
     if isinstance(value, tuple):
         if all(new is old for new, old in zip(items, value)):
