@@ -133,10 +133,7 @@ def _split_field(
     qualname: str, name: str, value: Any, forced_static: bool, warn: bool
 ) -> tuple[int, Any]:
     """Returns the kind of one field and its child or static value (in a `StaticLeaf`
-    if it is STATIC_COMPARED_IN_PYTHON)."""
-    plain = _plain_kind(value, forced_static)
-    if plain is not None:
-        return plain, value
+    if it is STATIC_COMPARED_IN_PYTHON). `_decide` has taken the plain values."""
     if (
         (type(value) is FrozenList or type(value) is tuple)
         and value

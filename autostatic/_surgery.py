@@ -46,24 +46,27 @@ def _arrays_only(tree: Any) -> bool:
     )
 
 
-def _targets_twins(where: Callable[[Any], Any], pytree: Any) -> bool:
+def _targets(where: Callable[[Any], Any], pytree: Any) -> Any:
+    """`where(pytree)`, or `_sentinel` if it raises: Equinox's own call then reports
+    the malformed `where`."""
     try:
-        targets = where(pytree)
-    except Exception:  # Equinox's own call reports a malformed `where`
-        return False
-    return any(map(is_twin, jtu.tree_leaves(targets, is_leaf=is_twin)))
+        return where(pytree)
+    except Exception:
+        return _sentinel
 
 
-def _targets_arrays(where: Callable[[Any], Any], pytree: Any) -> bool:
-    """Whether a target holds an array: `pytree` is then a model, whose children are
+def _holds_twins(targets: Any) -> bool:
+    return targets is not _sentinel and any(
+        map(is_twin, jtu.tree_leaves(targets, is_leaf=is_twin))
+    )
+
+
+def _holds_arrays(targets: Any) -> bool:
+    """Whether a target holds an array: the tree is then a model, whose children are
     arrays. A tree mapped from one (a filter spec of bools, gradients with `None`s)
     holds other values where the arrays were, and keeps its structure when one is
     replaced, as with `eqx.Module`."""
-    try:
-        targets = where(pytree)
-    except Exception:
-        return True
-    return any(map(is_dynamic_leaf, jtu.tree_leaves(targets)))
+    return targets is _sentinel or any(map(is_dynamic_leaf, jtu.tree_leaves(targets)))
 
 
 def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
@@ -103,7 +106,8 @@ def _routed_tree_at(
     """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules and
     a target is static or a replacement is not arrays only; then `tree_at`."""
     arrays_only = replace is _sentinel or _arrays_only(replace)
-    if replace is not _sentinel and _targets_twins(where, pytree):
+    targets = _targets(where, pytree)
+    if replace is not _sentinel and _holds_twins(targets):
         # Inside an AutoModule, layers are twins: a new layer must be one too, or the
         # structure would differ from a freshly built model's (and retrace).
         replace = freeze_and_twin(replace, ("replacement",))
@@ -130,11 +134,7 @@ def _routed_tree_at(
             return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if (
-        arrays_only
-        or not _contains_automodule(pytree)
-        or not _targets_arrays(where, pytree)
-    ):
+    if arrays_only or not _holds_arrays(targets) or not _contains_automodule(pytree):
         return out
     # A non-array now sits where only arrays may be children: decide it afresh.
     return tree_at(where, pytree, replace, replace_fn, is_leaf)
