@@ -177,39 +177,22 @@ def _training_ratios(training: dict[str, Any]) -> list[Ratio]:
         ):
             found = next((c for c in candidates if _stat(paired.get(c))), None)
             label = f"training step (vs {found or candidates[0]})"
+            stat: tuple[float, float, float]
             if found:
                 med, q1, q3 = _stat(paired[found]) or (1.0, 1.0, 1.0)
                 # steps/s ratio -> time ratio: 1/x flips the quartiles.
-                out.append(
-                    Ratio(
-                        "training step",
-                        model,
-                        "step",
-                        label,
-                        name,
-                        1 / med,
-                        1 / q3,
-                        1 / q1,
-                    )
-                )
-                continue
-            theirs = variants.get(candidates[0], {})
-            a, b = ours.get("ms_per_step"), theirs.get("ms_per_step")
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0:
+                stat, is_paired = (1 / med, 1 / q3, 1 / q1), True
+            else:
+                theirs = variants.get(candidates[0], {})
+                a, b = ours.get("ms_per_step"), theirs.get("ms_per_step")
+                numbers = isinstance(a, (int, float)) and isinstance(b, (int, float))
+                if not (numbers and b > 0):
+                    continue
                 r = a / b
-                out.append(
-                    Ratio(
-                        "training step",
-                        model,
-                        "step",
-                        label,
-                        name,
-                        r,
-                        r,
-                        r,
-                        paired=False,
-                    )
-                )
+                stat, is_paired = (r, r, r), False
+            out.append(
+                Ratio("training step", model, "step", label, name, *stat, is_paired)
+            )
     return out
 
 
