@@ -82,7 +82,9 @@ the same `eqx.Module` with `eqx.field(static=True)` on every field of ours that 
 array, called with plain `jax.jit` and the same step code. It has the same leaves as the
 AutoModule. Its limit: Equinox's own layers stay as Equinox declares them, so a model
 holding an `eqx.nn.MLP` (whose activation is a non-static field) cannot be passed to
-plain `jax.jit`, and the benchmarks mark those cells "fails" instead of timing them.""",
+plain `jax.jit`, and the benchmarks mark those cells "fails". For dispatch they then
+time Equinox's own route to plain `jax.jit` instead: `eqx.partition` once, `jax.jit`
+over the arrays with the static half closed over (marked † in the tables).""",
     ),
     (
         "code",

@@ -91,6 +91,7 @@ def test_runner_smoke_mode_writes_results(
         "treedef_eq",
         "dispatch",
         "dispatch_filter_jit",
+        "dispatch_partitioned",
         "tree_at_array",
         "tree_at_layer",
     }
@@ -110,13 +111,19 @@ def test_runner_smoke_mode_writes_results(
         assert all(info["treedefs_equal"] for info in res["info"].values()), name
     assert real["models"]["linear-256"]["ops_us"]["flatten"]["dict"]["median"] > 0
     real_targets = [t for t in results["targets"] if t["where"].startswith("real: ")]
-    assert len(real_targets) == 14
+    assert len(real_targets) == 16
     text = (tmp_path / "results.md").read_text()
     assert "### Real models" in text
     # The short summary comes last, against both baselines.
     summary = text[text.index("### Summary: AutoModule vs eqx.Module") :]
     assert "fair twin" in summary and "eqx.filter_jit" in summary
     assert "flatten (linear-256" in summary and "Where we are slower" in summary
+    # Where plain jax.jit refuses the fair twin, the dispatch cell is its partitioned
+    # twin's ratio, marked, not a gap.
+    dispatch = next(x for x in summary.splitlines() if x.startswith("| jit dispatch"))
+    fair_cell = dispatch.split("|")[2]
+    assert fair_cell.count("x") == 3 and fair_cell.count("x†") == 2, dispatch
+    assert "†: plain `jax.jit` refuses the fair twin" in summary
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):

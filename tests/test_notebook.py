@@ -199,6 +199,10 @@ def synthetic_results(real: bool = True) -> dict[str, Any]:
                         "build": {"eqx-static": _r(0.9), "eqx-filter": _r(1.1)},
                         "flatten": {"eqx-static": _r(0.2), "eqx-filter": _r(0.2)},
                         "dispatch": {"eqx-filter": _r(0.2)},
+                        "dispatch_partitioned": {
+                            "eqx-static": _r(0.35),
+                            "eqx-filter": _r(0.3),
+                        },
                     },
                 },
             },
@@ -261,6 +265,15 @@ def test_missing_real_models_is_said_not_crashed():
     assert "not in these results" in out.getvalue()
     # The table falls back to the MLP floor.
     assert "**MLP floor**" in cell.fair_twin_table(synthetic_results(real=False))
+
+
+def test_fair_twin_table_falls_back_to_the_partitioned_twin():
+    """Where plain jax.jit refuses the fair twin, its dispatch cell is the partitioned
+    twin's ratio, marked; a measured fair twin keeps its own."""
+    text = cell.fair_twin_table(synthetic_results())
+    row = next(x for x in text.splitlines() if x.startswith("| jit dispatch"))
+    assert row == "| jit dispatch | 0.40x / 0.20x | 0.35x† / 0.20x |", row
+    assert "†: plain `jax.jit` refuses the fair twin" in text
 
 
 def test_comparisons_and_losses():
