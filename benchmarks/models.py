@@ -250,21 +250,38 @@ def unbox(x: Any) -> Any:
     return x.value if type(x).__name__ == "Box" and hasattr(x, "value") else x
 
 
-@dataclasses.dataclass
 class Built:
     """One model in one implementation: the pytree passed to jit, and for the `dict`
-    floor the non-array config held outside it."""
+    floor the non-array config held outside it.
 
-    impl: str
-    tree: Any
-    cfg: Any = None
+    The dict floor is built as one tree of arrays and config (`unsplit`), as cheap as
+    the two literals a user writes, and split into `tree` and `cfg` on first use:
+    timing `build` times those dicts, not the generic `split` (~100x the literals)."""
+
+    def __init__(
+        self, impl: str, tree: Any = None, cfg: Any = None, *, unsplit: Any = None
+    ) -> None:
+        self.impl = impl
+        self._tree, self._cfg, self._unsplit = tree, cfg, unsplit
+
+    def _split(self) -> None:
+        if self._unsplit is not None:
+            self._tree, self._cfg = split(self._unsplit)
+            self._unsplit = None
+
+    @property
+    def tree(self) -> Any:
+        self._split()
+        return self._tree
+
+    @property
+    def cfg(self) -> Any:
+        self._split()
+        return self._cfg
 
 
 def _finish(impl: str, tree: Any) -> Built:
-    if impl != "dict":
-        return Built(impl, tree)
-    params, cfg = split(tree)
-    return Built(impl, params, cfg)
+    return Built(impl, unsplit=tree) if impl == "dict" else Built(impl, tree)
 
 
 # --------------------------------------------------------------------------------------

@@ -94,6 +94,12 @@ def _classes(name: str, fields: str, static: str = "") -> dict[str, type]:
 
 LINEARS = _classes("Linears", "layers activation", "activation")
 BLOCK = _classes("Block", "attn ln1 ln2 mlp dropout", "dropout")
+# The fair twin must mark its `eqx.nn.Dropout` static (its `inference` flag would be a
+# tracer under plain jax.jit), so Equinox compares that module with `Module.__eq__`
+# (a `tree_equal`) wherever two blocks' aux meet: treedef `==` of two built models.
+# For scale, the same block with the Dropout left a child (not callable under jax.jit).
+BLOCK_DROPOUT_CHILD = _classes("Block", "attn ln1 ln2 mlp dropout")["eqx-static"]
+DROPOUT_CHILD = "eqx-static, Dropout a child"
 TRANSFORMER = _classes("Transformer", "blocks")
 MIXED_BLOCK = _classes("MixedBlock", "layers sizes name scale", "sizes name scale")
 MIXED_STACK = _classes("MixedStack", "blocks")
@@ -145,7 +151,10 @@ def _transformer_parts(rng: np.random.Generator) -> list[dict[str, Any]]:
 
 
 def _transformer_build(impl: str, blocks: list[dict[str, Any]]) -> Any:
-    return TRANSFORMER[impl](blocks=[BLOCK[impl](**b) for b in blocks])
+    block = BLOCK_DROPOUT_CHILD if impl == DROPOUT_CHILD else BLOCK[impl]
+    return TRANSFORMER["eqx-static" if impl == DROPOUT_CHILD else impl](
+        blocks=[block(**b) for b in blocks]
+    )
 
 
 def _mixed_parts(rng: np.random.Generator) -> list[tuple[Any, Any, Any]]:
@@ -187,6 +196,8 @@ class Spec:
     first: Callable[[Any], Any]  # the first array leaf (what dispatch returns + 1)
     layer: Callable[[Any], Any]  # the sub-layer eqx.tree_at replaces (has `.weight`)
     new_layer: Callable[[], Any]  # a plain layer of the same kind
+    # Other eqx-static configurations, timed for treedef `==` only (for scale).
+    treedef_variants: tuple[str, ...] = ()
 
 
 SPECS: dict[str, Spec] = {
@@ -203,6 +214,7 @@ SPECS: dict[str, Spec] = {
         lambda m: m.blocks[0].attn.query_proj.weight,
         lambda m: m.blocks[3].ln1,
         functools.partial(eqx.nn.LayerNorm, 16),
+        (DROPOUT_CHILD,),
     ),
     "mixed-stack": Spec(
         _mixed_parts,
@@ -280,7 +292,7 @@ def measure(
     parts = spec.parts(np.random.default_rng(seed))
     copied = _copy_arrays(parts)
     new_layer = spec.new_layer()
-    impls = IMPLS + ((DICT,) if name == "linear-256" else ())
+    impls = IMPLS + ((DICT,) if name == "linear-256" else ()) + spec.treedef_variants
     cells: dict[tuple[str, str], Callable[[], Any]] = {}
     info: dict[str, Any] = {}
     for impl in impls:
@@ -292,11 +304,13 @@ def measure(
             "treedef_nodes": treedef.num_nodes,
             "treedefs_equal": bool(treedef == other),
         }
+        cells["treedef_eq", impl] = functools.partial(operator.eq, treedef, other)
+        if impl in spec.treedef_variants:
+            continue
         cells["flatten", impl] = functools.partial(jtu.tree_flatten, model)
         cells["unflatten_read", impl] = lambda d=treedef, x=leaves: read_all(
             jtu.tree_unflatten(d, x)
         )
-        cells["treedef_eq", impl] = functools.partial(operator.eq, treedef, other)
         if impl == DICT:
             continue
         cells["build", impl] = functools.partial(spec.build, impl, parts)
@@ -384,4 +398,13 @@ def run(settings: Settings) -> dict[str, Any]:
             "partition and the twins"
         ),
         "models": models,
+        "variant_notes": {
+            DROPOUT_CHILD: (
+                "the fair twin must mark its `eqx.nn.Dropout` static for plain "
+                "`jax.jit`, and Equinox compares a static module with `Module.__eq__` "
+                "(a `tree_equal`) unless both are one object; left a child, the "
+                "Dropout's `p` and `inference` are leaves, and a call under plain "
+                "`jax.jit` fails on the traced `inference`"
+            )
+        },
     }

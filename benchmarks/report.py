@@ -606,27 +606,39 @@ def evaluate_targets(
     n, note = _pick_mlp(int(k.split("-")[1]) for k in tree_ops if k.startswith("mlp-"))
     where = f"mlp-{n}" if n else "-"
     res = tree_ops.get(where, {})
-    for op in ("flatten", "unflatten"):
-        for ref, thr in (("eqx-static", 0.5), ("dict", 3.0)):
-            r = res.get("ratios", {}).get(ref, {}).get("autostatic", {}).get(op)
-            floor = res.get("ratios", {}).get(ref, {}).get(M.PYNODE, {}).get(op)
-            floor_note = (
-                f"for scale: a minimal Python-registered node ({M.PYNODE}) is {fmt_ratio(floor)} {ref}"
-                if ref == "dict" and floor
-                else ""
-            )
-            targets.append(
-                _target(
-                    f"{op} <= {thr}x {ref}",
-                    r and r["median"],
-                    "<=",
-                    thr,
-                    f"{fmt_ratio(r, iqr=True)}; autostatic {fmt_stat_us(res.get('ops_us', {}).get('autostatic', {}).get(op), True)}, "
-                    f"{ref} {fmt_stat_us(res.get('ops_us', {}).get(ref, {}).get(op), True)}",
-                    where,
-                    "; ".join(x for x in (note, floor_note) if x),
-                )
-            )
+    # The (info) row: AutoModule's unflatten is lazy (fields are filled in on first
+    # read), so the unflatten target alone flatters it; beside it, with every read.
+    for op, ref, thr, info in (
+        ("flatten", "eqx-static", 0.5, False),
+        ("flatten", "dict", 3.0, False),
+        ("unflatten", "eqx-static", 0.5, False),
+        ("unflatten", "dict", 3.0, False),
+        ("unflatten_read", "eqx-static", 0.5, True),
+    ):
+        r = res.get("ratios", {}).get(ref, {}).get("autostatic", {}).get(op)
+        floor = res.get("ratios", {}).get(ref, {}).get(M.PYNODE, {}).get(op)
+        floor_note = (
+            f"for scale: a minimal Python-registered node ({M.PYNODE}) is {fmt_ratio(floor)} {ref}"
+            if ref == "dict" and floor
+            else ""
+        )
+        lazy_note = (
+            "lazy: fields are filled in on first read; with every field read, "
+            "the (info) unflatten + read all row"
+            if op == "unflatten" and ref == "eqx-static"
+            else ""
+        )
+        t = _target(
+            f"{'(info) ' if info else ''}{OP_LABELS.get(op, op)} <= {thr}x {ref}",
+            r and r["median"],
+            "<=",
+            thr,
+            f"{fmt_ratio(r, iqr=True)}; autostatic {fmt_stat_us(res.get('ops_us', {}).get('autostatic', {}).get(op), True)}, "
+            f"{ref} {fmt_stat_us(res.get('ops_us', {}).get(ref, {}).get(op), True)}",
+            where,
+            "; ".join(x for x in (note, floor_note, lazy_note) if x),
+        )
+        targets.append(_info(t) if info else t)
     disp = res.get("dispatch_us", {}).get(AUTO_JIT, {})
     # The stated targets are vs eqx.filter_jit and the dict floor; the (info) row beside
     # them is the like-for-like comparison with the fair twin (not slower than it).
@@ -880,6 +892,13 @@ def targets_section(targets: list[dict[str, Any]]) -> list[str]:
 _REAL_IMPLS = ("autostatic", "eqx-static", "eqx-filter")
 
 
+def _real_variants(res: dict[str, Any]) -> list[str]:
+    """A real model's other eqx-static configurations, timed for scale on some ops
+    (`Spec.treedef_variants`): the implementations beyond the three and the floor."""
+    seen = {impl for stats in res["ops_us"].values() for impl in stats}
+    return sorted(seen - {*_REAL_IMPLS, "dict"})
+
+
 def _real_cell(stat: dict[str, Any] | None) -> str:
     if not stat:
         return "-"
@@ -913,14 +932,16 @@ def real_models_section(real: dict[str, Any]) -> list[str]:
                     notes.append(
                         f"* {name}, {label}, `{impl}` fails: {stats[impl]['fails']}"
                     )
-        floor = [
-            f"{label} {fmt_time_us(res['ops_us'][op]['dict']['median'], True)} "
-            f"(autostatic {fmt_ratio(res['ratios'][op].get('dict'), iqr=True)})"
-            for op, label in real["ops"].items()
-            if "dict" in res["ops_us"].get(op, {})
-        ]
-        if floor:
-            notes.append(f"* {name}, `dict` floor: " + "; ".join(floor))
+        for ref in ("dict", *_real_variants(res)):
+            floor = [
+                f"{label} {fmt_time_us(res['ops_us'][op][ref]['median'], True)} "
+                f"(autostatic {fmt_ratio(res['ratios'][op].get(ref), iqr=True)})"
+                for op, label in real["ops"].items()
+                if "median" in res["ops_us"].get(op, {}).get(ref, {})
+            ]
+            if floor:
+                kind = "floor" if ref == "dict" else "for scale"
+                notes.append(f"* {name}, `{ref}` ({kind}): " + "; ".join(floor))
         unequal = [i for i, v in res["info"].items() if not v.get("treedefs_equal")]
         if unequal:
             notes.append(
@@ -1054,7 +1075,8 @@ def _real_ratio(real: dict[str, Any], model: str, op: str, ref: str) -> str:
     return f"{ratio['median']:.2f}x" if ratio else "-"
 
 
-PARTITIONED_MARK = "†"
+PARTITIONED_MARK = "†"  # the fair twin partitioned once (plain jax.jit refuses it)
+SCALE_MARK = "‡"  # beside it, the fair twin configured otherwise, for scale
 
 
 def _partitioned_fallback(
@@ -1078,8 +1100,9 @@ def _real_fair_ratio(real: dict[str, Any], model: str, op: str) -> str:
 
 
 def _step_time_ratio(training: dict[str, Any], model: str, ref: str) -> float | None:
-    """Time per training step of autostatic / `ref`, paired per round (the inverse of the
-    median paired throughput ratio: the median of inverses is the inverse median)."""
+    """Time per training step of autostatic / `ref`, paired per round: the inverse of
+    the median paired throughput ratio (exactly the median of the inverses for an odd
+    number of rounds; for an even number, within the two middle ratios)."""
     entry = training.get(model, {}).get("variants", {}).get(AUTO_JIT, {})
     r = entry.get("throughput_ratios", {}).get(ref)
     if not r or not r.get("median"):
@@ -1130,6 +1153,7 @@ def summary_section(results: dict[str, Any]) -> list[str]:
     ]
     rows: list[list[str]] = []
     slower: dict[str, list[str]] = {}  # "<op> on <model>" -> ["1.20x vs fair twin"]
+    for_scale: list[str] = []  # the fair twin configured otherwise (real models)
 
     def note_slower(label: str, where: str, ref: str, value: float | None) -> None:
         if value is not None and value > 1.05:
@@ -1139,11 +1163,7 @@ def summary_section(results: dict[str, Any]) -> list[str]:
                 entries.append(entry)
 
     if real:
-        models = [
-            m
-            for m in ("linear-256", "transformer", "mixed-stack")
-            if m in real["models"]
-        ]
+        models = list(real["models"])
         for op, label in (
             ("flatten", "flatten"),
             ("unflatten_read", "unflatten + read every field"),
@@ -1151,7 +1171,22 @@ def summary_section(results: dict[str, Any]) -> list[str]:
             ("treedef_eq", "treedef =="),
             ("build", "build (around made layers)"),
         ):
-            fair = " / ".join(_real_fair_ratio(real, m, op) for m in models)
+            cells = []
+            for m in models:
+                cells.append(_real_fair_ratio(real, m, op))
+                for variant in _real_variants(real["models"][m]):
+                    r = real["models"][m]["ratios"].get(op, {}).get(variant)
+                    if r:
+                        cells[-1] += SCALE_MARK
+                        for_scale.append(
+                            f"{label} on {m}: {r['median']:.2f}x vs `{variant}`"
+                            + (
+                                f" ({real['variant_notes'][variant]})"
+                                if variant in real.get("variant_notes", {})
+                                else ""
+                            )
+                        )
+            fair = " / ".join(cells)
             filt = " / ".join(_real_ratio(real, m, op, "eqx-filter") for m in models)
             rows.append([f"{label} ({' / '.join(models)})", fair, filt])
             for m in models:
@@ -1233,6 +1268,9 @@ def summary_section(results: dict[str, Any]) -> list[str]:
             "`eqx.partition`, `jax.jit` over its arrays (Equinox's route to plain "
             "`jax.jit`); -: not measured.",
         ]
+    if for_scale:
+        lines += ["", f"{SCALE_MARK}: for scale, the fair twin configured otherwise:"]
+        lines += [f"* {x}" for x in for_scale]
     if rows or slower:
         lines += ["", "Where we are slower (> 1.05x, either baseline):"]
         lines += [f"* {k}: {', '.join(v)}" for k, v in slower.items()] or [
@@ -1241,7 +1279,8 @@ def summary_section(results: dict[str, Any]) -> list[str]:
     if contrasts:
         lines += [
             "",
-            f"Retracing, traces over {contrasts['calls']} calls (AutoModule vs ...):",
+            f"Retracing, traces over {contrasts['calls']} calls (AutoModule vs ...; "
+            "the fair twin marks static what each scenario says, named here):",
         ]
         for ref, name in (
             (EQX_STATIC_JIT, "the fair twin"),
@@ -1252,9 +1291,19 @@ def summary_section(results: dict[str, Any]) -> list[str]:
                 verdict = retrace_verdict(sc, ref)
                 if verdict in by:
                     counts = sc["counts"]
+                    marks = ""
+                    if ref == EQX_STATIC_JIT:
+                        marked = sc.get("eqx_static_fields")
+                        marks = (
+                            "; twin marks "
+                            + (", ".join(f"`{f}`" for f in marked) or "nothing")
+                            + (" static" if marked else "")
+                            if marked is not None
+                            else ""
+                        )
                     by[verdict].append(
                         f"`{scenario}` ({_retrace_text(counts.get(AUTO_JIT))} vs "
-                        f"{_retrace_text(counts.get(ref))})"
+                        f"{_retrace_text(counts.get(ref))}{marks})"
                     )
             lines.append(
                 f"* vs {name}: fewer (or it fails) in {', '.join(by['better']) or 'none'}; "

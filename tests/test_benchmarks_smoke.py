@@ -122,8 +122,17 @@ def test_runner_smoke_mode_writes_results(
     # twin's ratio, marked, not a gap.
     dispatch = next(x for x in summary.splitlines() if x.startswith("| jit dispatch"))
     fair_cell = dispatch.split("|")[2]
-    assert fair_cell.count("x") == 3 and fair_cell.count("x†") == 2, dispatch
+    assert fair_cell.count("x") == len(real["models"]), dispatch  # every model
+    assert fair_cell.count("x†") == 2, dispatch
     assert "†: plain `jax.jit` refuses the fair twin" in summary
+    # The transformer's treedef == against the fair twin, whose Dropout must be static,
+    # is marked and shown beside the same twin with the Dropout a child.
+    treedef = next(x for x in summary.splitlines() if x.startswith("| treedef =="))
+    assert treedef.split("|")[2].count("x‡") == 1, treedef
+    scale = real["models"]["transformer"]["ratios"]["treedef_eq"]
+    assert scale["eqx-static, Dropout a child"]["n"] > 0
+    assert "* treedef == on transformer: " in summary
+    assert "vs `eqx-static, Dropout a child` (the fair twin must mark" in summary
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
@@ -244,6 +253,15 @@ def _check_summary(results: dict, text: str, out: Path) -> None:
         "* vs the fair twin: fewer" in summary and "MORE in `float_unmarked`" in summary
     )
     assert "* vs eqx.filter_jit: " in summary
+    # What the fair twin marks static in each scenario the tally names.
+    calls = results["retracing"]["contrasts"]["calls"]
+    assert f"({calls} vs 1; twin marks nothing)" in summary  # float_unmarked
+    assert f"(1 vs {calls}; twin marks `temperature` static)" in summary
+    # Our unflatten is lazy: the unflatten target has its with-every-read twin beside.
+    names = [t["target"] for t in results["targets"]]
+    i = names.index("unflatten <= 0.5x eqx-static")
+    assert "(info) unflatten + read all <= 0.5x eqx-static" in names[i:]
+    assert "lazy: fields are filled in on first read" in results["targets"][i]["note"]
     assert f"Files written ({len(results['files'])}):" in summary
     for path in results["files"]:
         assert path in summary and Path(path).exists(), path
