@@ -7,7 +7,8 @@ functions at that single point.
 
 `eqx.tree_at` and `eqx.nn.inference_mode` (alias `eqx.tree_inference`) cannot see the
 static values of an AutoModule; `route_surgery` replaces those three public names with
-functions that handle trees holding AutoModules and call Equinox's own otherwise.
+functions that handle trees holding AutoModules and call Equinox's own otherwise, and
+the `tree_at` that `eqx.nn.Shared` calls on its own pytree.
 
 Everything touched here is private to Equinox, so a version whose internals differ
 fails loudly at import instead of misbehaving later.
@@ -23,6 +24,7 @@ import equinox._module._module as _eqx_module
 import equinox._tree as _eqx_tree
 import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
+import equinox.nn._shared as _eqx_shared
 
 # Equinox's `_ModuleMeta.__call__` raises TypeError(f"Field {name!r} was not initialized.")
 _UNSET_FIELD_MESSAGE_END = " was not initialized."
@@ -67,14 +69,18 @@ def _check_equinox() -> None:
     tree_at = getattr(eqx.tree_at, "__wrapped__", eqx.tree_at)
     inference_mode = getattr(_eqx_nn.inference_mode, "__wrapped__", None)
     inference_mode = inference_mode or _eqx_nn.inference_mode
+    shared_tree_at = getattr(_eqx_shared, "tree_at", None)
+    shared_tree_at = getattr(shared_tree_at, "__wrapped__", shared_tree_at)
     if not (
         tree_at is getattr(_eqx_tree, "tree_at", None)
+        and shared_tree_at is tree_at
         and inference_mode is getattr(_eqx_inference, "inference_mode", None)
         and getattr(eqx, "tree_inference", None) is _eqx_nn.inference_mode
     ):
         problems.append(
-            "eqx.tree_at / eqx.nn.inference_mode / eqx.tree_inference are not the "
-            "functions of equinox._tree and equinox.nn._inference"
+            "eqx.tree_at / equinox.nn._shared.tree_at / eqx.nn.inference_mode / "
+            "eqx.tree_inference are not the functions of equinox._tree and "
+            "equinox.nn._inference"
         )
     if problems:
         raise ImportError(
@@ -144,9 +150,12 @@ def route_surgery(
 ) -> None:
     """Makes `eqx.tree_at`, `eqx.nn.inference_mode` and `eqx.tree_inference` these.
 
-    Only the public names change: Equinox's internal callers keep their own imports,
-    and a `from equinox import tree_at` run before autostatic was imported keeps
-    Equinox's function.
+    Only the public names change, and one internal caller: `eqx.nn.Shared.__call__`
+    puts the tied nodes back with `tree_at` into its `pytree`, which inside an
+    AutoModule holds the placeholders as static values. Equinox's other internal
+    callers keep their own imports (their targets are arrays or `StateIndex`es, always
+    children), and a `from equinox import tree_at` run before autostatic was imported
+    keeps Equinox's function.
     """
     for function, original in (
         (tree_at, original_tree_at),
@@ -154,6 +163,7 @@ def route_surgery(
     ):
         function.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
     eqx.tree_at = tree_at
+    _eqx_shared.tree_at = tree_at  # pyright: ignore[reportPrivateImportUsage]  # verified at import
     _eqx_nn.inference_mode = inference_mode
     setattr(eqx, "tree_inference", inference_mode)  # noqa: B010  # not in eqx.__all__
 

@@ -436,10 +436,15 @@ def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     )
 
 
+def _partitioned_or_mixed(x: Any) -> bool:
+    return has_partition(x) or type(x) in (MixedFrozenList, MixedFrozenDict)
+
+
 def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
     """A copy of `tree` in which every AutoModule (and twin) has all its fields as children
     (except, with `keep_declared_static`, those declared `eqx.field(static=True)`, as
-    an `eqx.Module` would flatten them)."""
+    an `eqx.Module` would flatten them), and so has every mixed list or dict, also one
+    taken out of its module (the `pytree` of an `eqx.nn.Shared`, `model.layers`)."""
 
     def expose_module(module: Any) -> Any:
         cls = type(module)
@@ -457,7 +462,14 @@ def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
         aux = make_aux(layout_for(cls, tuple(kinds)), tuple(static_values))
         return unflatten(cls, aux, tuple(children))
 
-    return _map_modules(expose_module, tree)
+    def expose_node(node: Any) -> Any:
+        if has_partition(node):
+            return expose_module(node)
+        if _partitioned_or_mixed(node):
+            return _map_modules(expose_module, unmixed(node))
+        return node
+
+    return jtu.tree_map(expose_node, tree, is_leaf=_partitioned_or_mixed)
 
 
 def refreeze(tree: Any) -> Any:

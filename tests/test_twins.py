@@ -202,3 +202,72 @@ def test_layers_outside_an_automodule_stay_equinox_s():
     # eqx.tree_equal compares structures, and a twin is another class:
     assert not eqx.tree_equal(model.stack[0], eqx.nn.Linear(8, 8, key=KEY))
     assert eqx.tree_equal(model, Block(KEY))
+
+
+# eqx.nn.Shared (tied weights): its `__call__` puts the tied nodes back with `tree_at`
+# into its `pytree`, whose placeholders are static values inside an AutoModule.
+def _tied_embedding(self):
+    embedding = eqx.nn.Embedding(10, 4, key=jax.random.key(0))
+    linear = eqx.nn.Linear(4, 10, key=jax.random.key(1))
+    self.shared = eqx.nn.Shared(
+        (embedding, linear), lambda p: p[1].weight, lambda p: p[0].weight
+    )
+
+
+def _tied_embedding_call(self, token):
+    embedding, linear = self.shared()
+    assert linear.weight is embedding.weight
+    return linear(embedding(token))
+
+
+def _tied_layer(self):  # a whole layer tied, inside a mixed list
+    first = eqx.nn.Linear(4, 4, key=jax.random.key(0))
+    last = eqx.nn.Linear(4, 4, key=jax.random.key(1))
+    self.shared = eqx.nn.Shared(
+        [first, jax.nn.relu, last], lambda p: p[2], lambda p: p[0]
+    )
+
+
+def _tied_layer_call(self, x):
+    first, activation, last = self.shared()
+    return last(activation(first(x)))
+
+
+@pytest.mark.parametrize(
+    "init, call, x",
+    [
+        (_tied_embedding, _tied_embedding_call, jnp.asarray(3)),
+        (_tied_layer, _tied_layer_call, jnp.ones(4)),
+    ],
+    ids=["embedding", "layer"],
+)
+def test_shared_ties_nodes_as_in_eqx_module(init, call, x):
+    class Tied(asx.AutoModule):
+        shared: eqx.nn.Shared
+        __init__ = init
+        __call__ = call
+
+    class EqxTied(eqx.Module):
+        shared: eqx.nn.Shared
+        __init__ = init
+        __call__ = call
+
+    ours, theirs = Tied(), EqxTied()
+    assert array_keystrs(ours) == array_keystrs(theirs)  # the tied copy is not a leaf
+    np.testing.assert_array_equal(ours(x), theirs(x))
+
+    def loss(model, x):
+        return jnp.sum(model(x) ** 2)
+
+    counter = TraceCounter(jax.grad(loss))
+    step = jax.jit(counter)  # plain jax.jit: the placeholders and functions are static
+    grads = step(ours, x)
+    expected = eqx.filter_jit(eqx.filter_grad(loss))(theirs, x)
+    assert array_keystrs(grads) == array_keystrs(expected)
+    for a, b in zip(
+        jax.tree_util.tree_leaves(eqx.filter(grads, eqx.is_array)),
+        jax.tree_util.tree_leaves(eqx.filter(expected, eqx.is_array)),
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    step(jax.tree_util.tree_map(lambda a, g: a - 0.1 * g, ours, grads), x)
+    assert counter.count == 1
