@@ -49,6 +49,18 @@ class FieldSpec(NamedTuple):
 
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
+_SLOT: Final = "_autostatic_flat"  # the instance slot holding `(children, aux)`
+
+
+def check_reserved_names(class_name: str, namespace: dict[str, Any]) -> None:
+    """Refuses a class body that names what an AutoModule keeps on its class and
+    instances (the field spec, the partition slot): either would be shadowed."""
+    names = {*namespace, *namespace.get("__annotations__", {})}
+    for name in sorted(names & {_SPEC, _SLOT}):
+        raise TypeError(
+            f"{class_name}.{name}: this name is reserved by autostatic (it holds the "
+            "partition of every AutoModule); rename the attribute."
+        )
 
 
 def fields_of(cls: type) -> FieldSpec:
@@ -621,7 +633,7 @@ def unwrap_static_leaves(child: Any) -> Any:
 class Partitioned:
     """The base that gives AutoModule instances the slot holding `(children, aux)`."""
 
-    __slots__ = ("_autostatic_flat",)
+    __slots__ = (_SLOT,)
 
 
 _get_flat = Partitioned._autostatic_flat.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor

@@ -36,6 +36,7 @@ class _AutoModuleMeta(ModuleMeta):
         namespace: dict[str, Any],
         **kwargs: Any,
     ) -> "_AutoModuleMeta":
+        _layout.check_reserved_names(name, namespace)
         cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         _layout.prepare_class(cls)
         fields = set(_layout.fields_of(cls).names)

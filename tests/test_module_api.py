@@ -523,3 +523,12 @@ def test_a_field_default_overrides_an_abstract_property_as_in_equinox(custom_ini
     assert jax.jit(lambda m: m.w * m.size)(auto).shape == (2,)
     if not custom_init:
         assert make(_AbstractSize)(size=5).size == 5
+
+
+@pytest.mark.parametrize("name", ["_autostatic_flat", "_autostatic_fields"])
+def test_reserved_names_are_refused_with_the_name(name):
+    # eqx.Module takes either name as a field; here it would shadow the partition.
+    with pytest.raises(TypeError, match=rf"Bad\.{name}: this name is reserved"):
+        type(asx.AutoModule)(
+            "Bad", (asx.AutoModule,), {"__annotations__": {name: int, "w": jax.Array}}
+        )
