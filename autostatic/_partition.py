@@ -436,8 +436,12 @@ def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     )
 
 
+def _is_mixed(x: Any) -> bool:
+    return type(x) is MixedFrozenList or type(x) is MixedFrozenDict
+
+
 def _partitioned_or_mixed(x: Any) -> bool:
-    return has_partition(x) or type(x) in (MixedFrozenList, MixedFrozenDict)
+    return has_partition(x) or _is_mixed(x)
 
 
 def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
@@ -465,7 +469,7 @@ def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
     def expose_node(node: Any) -> Any:
         if has_partition(node):
             return expose_module(node)
-        if _partitioned_or_mixed(node):
+        if _is_mixed(node):
             return _map_modules(expose_module, unmixed(node))
         return node
 

@@ -151,10 +151,11 @@ def _transformer_parts(rng: np.random.Generator) -> list[dict[str, Any]]:
 
 
 def _transformer_build(impl: str, blocks: list[dict[str, Any]]) -> Any:
-    block = BLOCK_DROPOUT_CHILD if impl == DROPOUT_CHILD else BLOCK[impl]
-    return TRANSFORMER["eqx-static" if impl == DROPOUT_CHILD else impl](
-        blocks=[block(**b) for b in blocks]
-    )
+    if impl == DROPOUT_CHILD:
+        block, model = BLOCK_DROPOUT_CHILD, TRANSFORMER["eqx-static"]
+    else:
+        block, model = BLOCK[impl], TRANSFORMER[impl]
+    return model(blocks=[block(**b) for b in blocks])
 
 
 def _mixed_parts(rng: np.random.Generator) -> list[tuple[Any, Any, Any]]:

@@ -1079,24 +1079,18 @@ PARTITIONED_MARK = "†"  # the fair twin partitioned once (plain jax.jit refuse
 SCALE_MARK = "‡"  # beside it, the fair twin configured otherwise, for scale
 
 
-def _partitioned_fallback(
-    real: dict[str, Any], model: str, op: str, ref: str
-) -> dict[str, Any] | None:
-    """The fair twin's dispatch ratio when plain `jax.jit` refuses it: against the twin
-    partitioned once (`dispatch_partitioned`); None for other ops and baselines."""
-    if op != "dispatch" or ref != "eqx-static":
-        return None
+def _fair_twin_ratio(
+    real: dict[str, Any], model: str, op: str
+) -> tuple[dict[str, Any] | None, str]:
+    """Autostatic's ratio to the fair twin on `op`, and its mark: where plain `jax.jit`
+    refuses the twin, the dispatch ratio is against the twin partitioned once
+    (`dispatch_partitioned`), marked `PARTITIONED_MARK`."""
     ratios = real["models"].get(model, {}).get("ratios", {})
-    return ratios.get("dispatch_partitioned", {}).get(ref)
-
-
-def _real_fair_ratio(real: dict[str, Any], model: str, op: str) -> str:
-    """`_real_ratio` against the fair twin, marked where it is the partitioned twin."""
-    text = _real_ratio(real, model, op, "eqx-static")
-    fallback = _partitioned_fallback(real, model, op, "eqx-static")
-    if text == "-" and fallback:
-        return f"{fallback['median']:.2f}x{PARTITIONED_MARK}"
-    return text
+    ratio = ratios.get(op, {}).get("eqx-static")
+    if ratio is None and op == "dispatch":
+        ratio = ratios.get("dispatch_partitioned", {}).get("eqx-static")
+        return ratio, PARTITIONED_MARK if ratio else ""
+    return ratio, ""
 
 
 def _step_time_ratio(training: dict[str, Any], model: str, ref: str) -> float | None:
@@ -1173,7 +1167,8 @@ def summary_section(results: dict[str, Any]) -> list[str]:
         ):
             cells = []
             for m in models:
-                cells.append(_real_fair_ratio(real, m, op))
+                ratio, mark = _fair_twin_ratio(real, m, op)
+                cells.append(f"{ratio['median']:.2f}x{mark}" if ratio else "-")
                 for variant in _real_variants(real["models"][m]):
                     r = real["models"][m]["ratios"].get(op, {}).get(variant)
                     if r:
@@ -1190,12 +1185,12 @@ def summary_section(results: dict[str, Any]) -> list[str]:
             filt = " / ".join(_real_ratio(real, m, op, "eqx-filter") for m in models)
             rows.append([f"{label} ({' / '.join(models)})", fair, filt])
             for m in models:
-                ratios = real["models"][m].get("ratios", {}).get(op, {})
-                for ref, name in (
-                    ("eqx-static", "fair twin"),
-                    ("eqx-filter", "filter_jit"),
+                fair, _ = _fair_twin_ratio(real, m, op)
+                filtered = real["models"][m].get("ratios", {}).get(op, {})
+                for r, name in (
+                    (fair, "fair twin"),
+                    (filtered.get("eqx-filter"), "filter_jit"),
                 ):
-                    r = ratios.get(ref) or _partitioned_fallback(real, m, op, ref)
                     note_slower(label, m, name, r and r["median"])
     elif tree_ops:  # no real models in this run: the MLP the targets are read on
         n, _ = _pick_mlp(int(k.split("-")[1]) for k in tree_ops if k.startswith("mlp-"))
@@ -1291,16 +1286,12 @@ def summary_section(results: dict[str, Any]) -> list[str]:
                 verdict = retrace_verdict(sc, ref)
                 if verdict in by:
                     counts = sc["counts"]
+                    marked = sc.get("eqx_static_fields")
                     marks = ""
-                    if ref == EQX_STATIC_JIT:
-                        marked = sc.get("eqx_static_fields")
-                        marks = (
-                            "; twin marks "
-                            + (", ".join(f"`{f}`" for f in marked) or "nothing")
-                            + (" static" if marked else "")
-                            if marked is not None
-                            else ""
-                        )
+                    if ref == EQX_STATIC_JIT and marked is not None:
+                        named = ", ".join(f"`{f}`" for f in marked)
+                        marks = f"; twin marks {named or 'nothing'}"
+                        marks += " static" if marked else ""
                     by[verdict].append(
                         f"`{scenario}` ({_retrace_text(counts.get(AUTO_JIT))} vs "
                         f"{_retrace_text(counts.get(ref))}{marks})"
