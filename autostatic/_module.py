@@ -187,4 +187,4 @@ class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
         )
 
     def __reduce__(self):
-        return _layout.reduce(self)
+        return _partition.reduce(self)

@@ -1,31 +1,22 @@
 """Deciding the static/dynamic partition of an AutoModule instance.
 
-The partition is decided once, when construction ends (`freeze_partition`), and is
-carried in the aux data from then on (`_layout`), so every later flatten only reads it
-back and every unflatten only puts values where it says. Nothing here ever inspects
-leaves after construction: unflattening with `None`s, in_axes ints, shardings or
-sentinels keeps the structure (deciding again at flatten time is what inox abandoned).
+The partition is decided when construction ends (`freeze_partition`) from the
+attribute values, which stay exactly as assigned, and is carried in the aux data from
+then on (`_layout`): every later flatten reads it back (after its `Watch` has checked
+that no container changed in place; if one did, it is decided again from the values
+as they are), and every unflatten only puts values where it says. Nothing is decided
+from an unflattened instance's values: unflattening with `None`s, in_axes ints,
+shardings or sentinels keeps the structure (deciding again at every flatten is what
+inox abandoned).
 
-Each declared field is one of three kinds, in declaration order:
-
-- dynamic: every leaf of its value is an array (or it has no leaves). The value itself
-  is a pytree child, so key paths are natural: `.layers[0].weight`. So is a list or
-  dict holding both arrays and other leaves (a stack of layers and activations): it
-  becomes a `MixedFrozenList` / `MixedFrozenDict`, which carries its non-array items
-  in its own aux data, as do the lists and dicts inside it.
-- static: it has leaves and none is an array. The value rides in the aux data.
-- mixed: both, in another container (a tuple, a user's pytree). The child is the
-  value with each non-array leaf wrapped in an empty pytree node (`StaticLeaf`) that
-  carries the leaf in its own aux data; the attribute keeps the plain value. The
-  wrappers travel with their parent nodes through `tree_at`, `make_with_state` and
-  other rewrites of sub-nodes.
-
-Before that, lists, dicts and sets are frozen and `eqx.nn` layers become their fast
-twins (`_twins`). This module also gives the exposed form used by model surgery and
-diagnostics (`expose`, `refreeze`).
+Each field's value is walked through its built-in containers once: every `eqx.nn`
+layer met becomes its fast twin in the pytree child (`_twins`), and JAX's flatten of
+the result gives the leaves: all arrays (or none), the field is a child; none an
+array, its value goes into the aux; both, the child is the value with `None` in each
+non-array leaf's place (`_layout`'s kinds). This module also gives the exposed form
+used by model surgery and diagnostics (`expose`, `refreeze`).
 """
 
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -36,31 +27,29 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._compat import install_flatten_generator
-from ._containers import ContainerPath, freeze, FrozenDict, FrozenList, SCALAR_TYPES
+from ._containers import SCALAR_TYPES, walk, Watch
 from ._layout import (
     Aux,
-    CHILD_KINDS,
-    compares_in_python,
-    DYNAMIC,
+    CHILD,
     fields_of,
-    Flatten,
+    Flat,
     flatten_functions as layout_flatten_functions,
     has_partition,
+    has_stored_partition,
+    HOLED,
     layout_for,
     make_aux,
-    map_preserving,
     materialise,
-    MIXED,
-    MIXED_DEPTH,
-    MixedFrozenDict,
-    MixedFrozenList,
     PlainSplit,
+    punch,
+    real_layer,
+    set_layer,
     set_partition,
+    snapshot_leaf,
     STATIC,
-    STATIC_COMPARED_IN_PYTHON,
-    StaticLeaf,
+    static_tree,
+    TWINNED,
     unflatten,
-    unmixed,
 )
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._twins import is_twin_class, is_twinned_class, twin_class
@@ -119,132 +108,96 @@ _plain_array_types: set[type] = set()
 
 
 def _plain_kind(value: Any, forced_static: bool) -> int | None:
-    """STATIC or DYNAMIC for a value that needs neither freezing nor checks, else
-    None."""
+    """STATIC or CHILD for a value that needs neither a walk nor checks, else None."""
     kind = type(value)
     if kind in SCALAR_TYPES:
         return STATIC  # the sizes and flags of every layer
     if kind in _plain_array_types and not forced_static:
-        return DYNAMIC
+        return CHILD
     return None
 
 
-def _split_field(
-    qualname: str, name: str, value: Any, forced_static: bool, warn: bool
-) -> tuple[int, Any]:
-    """Returns the kind of one field and its child or static value (in a `StaticLeaf`
-    if it is STATIC_COMPARED_IN_PYTHON). `_decide` has taken the plain values."""
-    if (
-        (type(value) is FrozenList or type(value) is tuple)
-        and value
-        and all(type(x) in SCALAR_TYPES for x in value)
-    ):
-        return STATIC, value  # sizes, names: no array, nothing to check
-    where = f"{qualname}.{name}"
-    if is_dynamic_leaf(value):
-        if type(value) is not np.ndarray:
-            _plain_array_types.add(type(value))
-        leaves = [value]
-        flags = [True]
-        treedef = None
-    else:
-        leaves, treedef = jtu.tree_flatten(value)
-        arrays = _plain_array_types
-        flags = [type(x) in arrays or is_dynamic_leaf(x) for x in leaves]
-    n_dynamic = sum(flags)
-    for i, leaf in enumerate(leaves):
-        if type(leaf) is np.ndarray and leaf.dtype.hasobject:
-            path = _leaf_paths(value)[i] if treedef is not None else ""
-            raise TypeError(
-                f"{where}{path} is a numpy array of dtype {leaf.dtype}, which JAX "
-                "can neither trace nor store. Convert it to a numeric dtype, or keep "
-                "the Python objects in a list or tuple (static)."
-            )
-    if forced_static:
-        if n_dynamic:
-            raise TypeError(
-                f"{where} is marked eqx.field(static=True) but holds "
-                f"{n_dynamic} array(s). AutoModule never makes an array static: remove "
-                "static=True (AutoModule makes the non-array parts static by itself), "
-                "or store hashable Python data there instead."
-            )
-        kind = STATIC
-    elif leaves and n_dynamic == 0:
-        kind = STATIC
-    elif n_dynamic == len(leaves):
-        return DYNAMIC, value
-    else:
-        kind = MIXED
+# Per type met in a field's containers: whether its instances become twins (most are
+# arrays, numbers and functions: one dict lookup each).
+_twinned_types: dict[type, bool] = {}
+
+
+def _to_twin(item: Any) -> Any:
+    cls = type(item)
+    twinned = _twinned_types.get(cls)
+    if twinned is None:
+        twinned = _twinned_types[cls] = is_twinned_class(cls)
+    if not twinned:
+        return item
+    twin = _object_new(twin_class(cls))
+    _object_getattribute(twin, "__dict__").update(
+        _object_getattribute(item, "__dict__")
+    )
+    set_layer(twin, item)
+    freeze_partition(twin)
+    return twin
+
+
+def _check_leaves(
+    where: str, value: Any, leaves: list[Any], flags: list[bool], warn: bool
+) -> None:
+    """Refuses object arrays; warns of static leaves that hide arrays or cannot be
+    compared."""
     paths = None
     for i, (leaf, flag) in enumerate(zip(leaves, flags)):
-        if flag or not warn or type(leaf) in SCALAR_TYPES:
+        if type(leaf) in SCALAR_TYPES:
+            continue
+        if flag:
+            if type(leaf) is np.ndarray and leaf.dtype.hasobject:
+                path = _leaf_paths(value)[i]
+                raise TypeError(
+                    f"{where}{path} is a numpy array of dtype {leaf.dtype}, which JAX "
+                    "can neither trace nor store. Convert it to a numeric dtype, or "
+                    "keep the Python objects in a list or tuple (static)."
+                )
+            continue
+        if not warn:
             continue
         problem = _static_problem(leaf)
         if problem is not None:
             if paths is None:
-                paths = _leaf_paths(value) if treedef is not None else [""]
+                paths = _leaf_paths(value)
             warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}")
-    if kind == STATIC:
-        if compares_in_python(value) or any(map(compares_in_python, leaves)):
-            return STATIC_COMPARED_IN_PYTHON, StaticLeaf(value, where)
-        return STATIC, value
-
-    if type(value) is FrozenList or type(value) is FrozenDict:
-        mixed = _mixed_container(value, set(map(id, leaves)))
-        if mixed is not None:
-            return DYNAMIC, mixed  # the attribute is the child, as it is
-
-    def wrap(leaf: Any, path: str) -> Any:
-        # A module with a partition flattens to arrays only: nothing to wrap inside.
-        if is_dynamic_leaf(leaf) or has_partition(leaf):
-            return leaf
-        return StaticLeaf(leaf, where + path)
-
-    return MIXED, map_preserving(value, wrap, has_partition)
 
 
-def _mixed_container(value: Any, leaf_ids: set[int], depth: int = 0) -> Any:
-    """`value`, a frozen list or dict, with the non-array leaf items of it and of
-    the lists and dicts in it carried in their own aux data (`MixedFrozenList`,
-    `MixedFrozenDict`); None if an item is another kind of node holding a
-    non-array leaf (a tuple, a user's pytree), or the nest is deeper than
-    `MIXED_DEPTH`: that value keeps `StaticLeaf` wrappers."""
-    if depth > MIXED_DEPTH:
-        return None
-    if type(value) is FrozenList:
-        keys, items = None, list(value)
+def _split_field(
+    where: str, value: Any, forced_static: bool, final: bool, met: list[Any]
+) -> tuple[int, Any]:
+    """The kind of one field and its child or aux entry (`_layout`'s kinds).
+    `_decide` has taken the plain values."""
+    carried = walk(value, (where,), _to_twin if final else None, met)
+    twinned = carried is not value
+    if is_dynamic_leaf(carried):
+        if type(carried) is not np.ndarray:
+            _plain_array_types.add(type(carried))
+        leaves, treedef = [carried], None
+        flags = [True]
     else:
-        keys = value._sorted_keys  # pyright: ignore[reportAttributeAccessIssue]
-        items = [dict.__getitem__(value, k) for k in keys]
-    static = []
-    changed = False
-    for i, item in enumerate(items):
-        kind = type(item)
-        if kind in _plain_array_types or item is None or has_partition(item):
-            continue
-        if kind is FrozenList or kind is FrozenDict:
-            new = _mixed_container(item, leaf_ids, depth + 1)
-            if new is None:
-                return None
-            if new is not item:
-                items[i], changed = new, True
-        elif id(item) not in leaf_ids:
-            return None
-        elif not is_dynamic_leaf(item):
-            static.append(i)
-    if not static and not changed:
-        return value
-    path = value._path  # pyright: ignore[reportAttributeAccessIssue]
-    positions = tuple(static)
-    if keys is None:
-        if static:
-            return MixedFrozenList(items, path, positions)
-        return FrozenList(items, path)
-    new = dict(zip(keys, items))
-    pairs = [(k, new[k]) for k in value]  # in the user's order
-    if static:
-        return MixedFrozenDict(pairs, path, positions)
-    return FrozenDict(pairs, path)
+        leaves, treedef = jtu.tree_flatten(carried)
+        arrays = _plain_array_types
+        flags = [type(x) in arrays or is_dynamic_leaf(x) for x in leaves]
+    n_dynamic = sum(flags)
+    _check_leaves(where, value, leaves, flags, final)
+    if forced_static and n_dynamic:
+        raise TypeError(
+            f"{where} is marked eqx.field(static=True) but holds "
+            f"{n_dynamic} array(s). AutoModule never makes an array static: remove "
+            "static=True (AutoModule makes the non-array parts static by itself), "
+            "or store hashable Python data there instead."
+        )
+    if not forced_static and n_dynamic == len(leaves):
+        return (TWINNED if twinned else CHILD), carried
+    assert treedef is not None  # a lone array is a child
+    if n_dynamic == 0:
+        if leaves and jtu.treedef_is_leaf(treedef):
+            return STATIC, snapshot_leaf(value)
+        return STATIC, static_tree(value, treedef, leaves, twinned)
+    return HOLED, punch(treedef, leaves, flags, twinned)
 
 
 class _ContainsItself(Exception):
@@ -254,19 +207,16 @@ class _ContainsItself(Exception):
 _deciding = threading.local()  # .ids: the modules whose partition is being decided
 
 
-def compute_partition(
-    obj: Any, *, final: bool
-) -> tuple[dict[str, Any], tuple[tuple[Any, ...], Aux]]:
+def compute_partition(obj: Any, *, final: bool) -> Flat:
     """Decides the partition of `obj` from its current field values.
 
-    `final`: construction has ended, so containers are frozen and static values
-    checked (with a warning for hidden arrays); otherwise the partition is only
-    provisional, for a flatten from inside `__init__` or `__check_init__`.
-    Returns the field values and the `(children, aux)` pair.
+    `final`: construction has ended, so layers are twinned and static values checked
+    (with a warning for hidden arrays); otherwise the partition is only provisional,
+    for a flatten from inside `__init__` or `__check_init__`.
     """
     plain = _plain_split(obj)
     if plain is not None:
-        return {}, plain  # nothing frozen, nothing to check: the fields stay
+        return plain  # nothing to walk, nothing to check
     deciding: set[int] = getattr(_deciding, "ids", None) or set()
     _deciding.ids = deciding
     if id(obj) in deciding:
@@ -280,20 +230,7 @@ def compute_partition(
         deciding.discard(id(obj))
 
 
-# The path is the aux data of the frozen containers, compared on every jit cache
-# lookup: one tuple object per field, so that two models' paths are the same object.
-_field_paths: dict[tuple[str, str], ContainerPath] = {}
-
-
-def _field_path(qualname: str, name: str) -> ContainerPath:
-    try:
-        return _field_paths[qualname, name]
-    except KeyError:
-        path = (sys.intern(f"{qualname}.{name}"),)
-        return _field_paths.setdefault((qualname, name), path)
-
-
-def _plain_split(obj: Any) -> Flatten | None:
+def _plain_split(obj: Any) -> Flat | None:
     """The partition of an instance whose fields all hold plain values (numbers,
     strings, jax arrays: most `eqx.nn` layers), from the split cached per types
     tuple; None if a field holds anything else or is unset."""
@@ -311,27 +248,28 @@ def _plain_split(obj: Any) -> Flatten | None:
         if None in kinds:
             return None
         layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
-        children = tuple(i for i, k in enumerate(kinds) if k == DYNAMIC)
-        static = tuple(i for i, k in enumerate(kinds) if k != DYNAMIC)
+        children = tuple(i for i, k in enumerate(kinds) if k == CHILD)
+        static = tuple(i for i, k in enumerate(kinds) if k != CHILD)
         typed = layout.with_types(tuple(types[i] for i in static))
         split = spec.plain_splits.setdefault(types, PlainSplit(typed, children, static))
+    watch = None if spec.twin else Watch(tuple(values), [])
     return (
         tuple([values[i] for i in split.children]),
         Aux((split.layout, *[values[i] for i in split.static])),
+        watch,
     )
 
 
-def _decide(
-    obj: Any, final: bool
-) -> tuple[dict[str, Any], tuple[tuple[Any, ...], Aux]]:
+def _decide(obj: Any, final: bool) -> Flat:
     cls = type(obj)
     spec = fields_of(cls)
     attrs = _object_getattribute(obj, "__dict__")
     qualname = cls.__qualname__
-    values: dict[str, Any] = {}
     kinds = []
     children = []
-    static_values = []
+    entries = []
+    values = []
+    met: list[Any] = []
     for name, forced_static in zip(spec.names, spec.declared_static):
         try:
             value = attrs[name]
@@ -339,91 +277,77 @@ def _decide(
             # A default that a custom __init__ left alone, or, while __init__ is
             # still running, a field not yet set.
             value = spec.defaults.get(name, MISSING)
+            if final and value is not MISSING:
+                attrs[name] = value  # so that flatten finds every field in place
+        values.append(value)
         plain = _plain_kind(value, forced_static)
         if plain is not None:
-            values[name] = value
-            (children if plain == DYNAMIC else static_values).append(value)
+            (children if plain == CHILD else entries).append(value)
             kinds.append(plain)
             continue
-        if final:
-            value = freeze_and_twin(value, _field_path(qualname, name))
         try:
-            kind, part = _split_field(qualname, name, value, forced_static, final)
+            kind, part = _split_field(
+                f"{qualname}.{name}", value, forced_static, final, met
+            )
         except _ContainsItself:
             raise TypeError(
                 f"{qualname}.{name} holds the {qualname} instance itself: a module "
                 "is a tree of its fields and cannot contain itself. Store the data it "
                 "needs instead, or pass the module as an argument where it is used."
             ) from None
-        # A dynamic part is the value itself (or the same list as a
-        # `MixedFrozenList`); a mixed or static one wraps it.
-        values[name] = part if kind == DYNAMIC else value
-        (children if kind in CHILD_KINDS else static_values).append(part)
+        if kind == HOLED:
+            child, entry = part
+            children.append(child)
+            entries.append(entry)
+        else:
+            (entries if kind == STATIC else children).append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
-    return values, (tuple(children), make_aux(layout, tuple(static_values)))
+    watch = None if spec.twin else Watch(tuple(values), met)
+    return tuple(children), make_aux(layout, tuple(entries)), watch
 
 
 def freeze_partition(obj: Any) -> None:
     """Decides and stores the partition of a fully constructed AutoModule."""
-    values, flat = compute_partition(obj, final=True)
-    _object_getattribute(obj, "__dict__").update(values)
+    set_partition(obj, compute_partition(obj, final=True))
+
+
+def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:
+    """The partition of an instance whose stored one no longer holds (a container
+    of its changed in place), or that has none yet (still in `__init__`)."""
+    if not has_stored_partition(obj):
+        children, aux, _ = compute_partition(obj, final=False)
+        return children, aux
+    flat = compute_partition(obj, final=True)
     set_partition(obj, flat)
-
-
-def _provisional(obj: Any) -> Flatten:
-    return compute_partition(obj, final=False)[1]
+    return flat[0], flat[1]
 
 
 def flatten_functions(
     cls: type,
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """The flatten functions of a new AutoModule class; an instance flattened from
-    inside its own `__init__` or `__check_init__` gets a provisional partition."""
-    return layout_flatten_functions(cls, _provisional)
+    """The flatten functions of a new AutoModule class."""
+    return layout_flatten_functions(cls, _refresh)
 
 
-# Twins of the eqx.nn layers (`_twins`): instances are made, and their partition
-# decided, here; the classes there.
-
-# Per type met while freezing: whether its instances become twins (most are arrays,
-# numbers and functions: one dict lookup each).
-_twinned_types: dict[type, bool] = {}
-
-
-def _to_twin(item: Any, path: ContainerPath) -> Any:
-    cls = type(item)
-    twinned = _twinned_types.get(cls)
-    if twinned is None:
-        twinned = _twinned_types[cls] = is_twinned_class(cls)
-    if not twinned:
-        return item
-    return restore_twin(cls, _object_getattribute(item, "__dict__"))
+install_flatten_generator(
+    is_twin_class, lambda cls: layout_flatten_functions(cls, _refresh, filled=True)
+)
 
 
 def _decided(cls: type, attrs: Any) -> Any:
-    """A new `cls` instance with the fields `attrs` and its partition decided (the
-    layers inside it twinned, its containers frozen), without calling `__init__`."""
+    """A new `cls` instance with the fields `attrs` and its partition decided,
+    without calling `__init__`."""
     obj = _object_new(cls)
     _object_getattribute(obj, "__dict__").update(attrs)
     freeze_partition(obj)
     return obj
 
 
-def restore_twin(layer_cls: type, attrs: dict[str, Any]) -> Any:
-    """A twin of class `layer_cls` with the fields `attrs`. Also how a twin unpickles."""
-    return _decided(twin_class(layer_cls), attrs)
-
-
-def freeze_and_twin(value: Any, path: ContainerPath) -> Any:
-    """`freeze` that also replaces every `eqx.nn` layer reachable through built-in
-    containers by its twin (and, deciding the twin's partition, the layers in it)."""
-    return freeze(value, path, _to_twin)
-
-
-install_flatten_generator(
-    is_twin_class, lambda cls: layout_flatten_functions(cls, _provisional, filled=True)
-)
+def reduce(obj: Any) -> tuple[Any, ...]:
+    """`__reduce__` for copy and pickle: the class and the attribute values (the
+    partition is decided again from them)."""
+    return (_decided, (type(obj), dict(materialise(obj))))
 
 
 # The exposed form, for model surgery and diagnostics: every field a child.
@@ -436,52 +360,39 @@ def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     )
 
 
-def _is_mixed(x: Any) -> bool:
-    return type(x) is MixedFrozenList or type(x) is MixedFrozenDict
-
-
-def _partitioned_or_mixed(x: Any) -> bool:
-    return has_partition(x) or _is_mixed(x)
-
-
 def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
-    """A copy of `tree` in which every AutoModule (and twin) has all its fields as children
-    (except, with `keep_declared_static`, those declared `eqx.field(static=True)`, as
-    an `eqx.Module` would flatten them), and so has every mixed list or dict, also one
-    taken out of its module (the `pytree` of an `eqx.nn.Shared`, `model.layers`)."""
+    """A copy of `tree` in which every AutoModule has all its fields as children, as
+    an `eqx.Module` without static markers flattens (except, with
+    `keep_declared_static`, those declared `eqx.field(static=True)`), and every twin
+    is the layer it stands for."""
 
     def expose_module(module: Any) -> Any:
         cls = type(module)
         spec = fields_of(cls)
+        if spec.twin:
+            return _map_modules(expose_module, real_layer(module))
         attrs = materialise(module)
-        kinds, children, static_values = [], [], []
+        kinds, children, entries = [], [], []
         for name, declared_static in zip(spec.names, spec.declared_static):
             if keep_declared_static and declared_static:
                 kinds.append(STATIC)
-                static_values.append(attrs[name])
+                entries.append(attrs[name])
             else:
-                kinds.append(DYNAMIC)
-                value = unmixed(attrs[name])
-                children.append(_map_modules(expose_module, value))
-        aux = make_aux(layout_for(cls, tuple(kinds)), tuple(static_values))
+                kinds.append(CHILD)
+                children.append(_map_modules(expose_module, attrs[name]))
+        aux = make_aux(layout_for(cls, tuple(kinds)), tuple(entries))
         return unflatten(cls, aux, tuple(children))
 
-    def expose_node(node: Any) -> Any:
-        if has_partition(node):
-            return expose_module(node)
-        if _is_mixed(node):
-            return _map_modules(expose_module, unmixed(node))
-        return node
-
-    return jtu.tree_map(expose_node, tree, is_leaf=_partitioned_or_mixed)
+    return _map_modules(expose_module, tree)
 
 
 def refreeze(tree: Any) -> Any:
-    """Decides the partition of every AutoModule and twin in `tree` from its current
-    values."""
+    """Decides the partition of every AutoModule in `tree` from its current values."""
 
     def refreeze_module(module: Any) -> Any:
         cls = type(module)
+        if fields_of(cls).twin:
+            return module
         attrs = materialise(module)
         names = fields_of(cls).names
         return _decided(

@@ -20,8 +20,7 @@ import jax.tree_util as jtu
 
 from ._compat import original_inference_mode, original_tree_at, route_surgery
 from ._layout import has_partition
-from ._partition import expose, freeze_and_twin, is_dynamic_leaf, refreeze
-from ._twins import is_twin
+from ._partition import expose, is_dynamic_leaf, refreeze
 
 _sentinel: Any = object()
 
@@ -53,12 +52,6 @@ def _targets(where: Callable[[Any], Any], pytree: Any) -> Any:
         return where(pytree)
     except Exception:
         return _sentinel
-
-
-def _holds_twins(targets: Any) -> bool:
-    return targets is not _sentinel and any(
-        map(is_twin, jtu.tree_leaves(targets, is_leaf=is_twin))
-    )
 
 
 def _holds_arrays(targets: Any) -> bool:
@@ -107,17 +100,11 @@ def _routed_tree_at(
     a target is static or a replacement is not arrays only; then `tree_at`."""
     arrays_only = replace is _sentinel or _arrays_only(replace)
     targets = _targets(where, pytree)
-    if replace is not _sentinel and _holds_twins(targets):
-        # Inside an AutoModule, layers are twins: a new layer must be one too, or the
-        # structure would differ from a freshly built model's (and retrace).
-        replace = freeze_and_twin(replace, ("replacement",))
     user_replace_fn = replace_fn
 
     def checked_replace_fn(node: Any) -> Any:
         nonlocal arrays_only
         new = user_replace_fn(node)
-        if is_twin(node):
-            new = freeze_and_twin(new, ("replacement",))
         arrays_only = arrays_only and _arrays_only(new)
         return new
 

@@ -1,18 +1,20 @@
-"""Fast twins of the `eqx.nn` layers an AutoModule holds.
+"""Fast twins of the `eqx.nn` layers an AutoModule holds, for its pytree only.
 
 JAX flattens every node with the function registered for its type, and Equinox
 registers each `eqx.Module` class with a generated flatten that reads the instance's
-`__dict__` through `Module.__getattribute__` (Python-level) on every flatten. An
-AutoModule's own flatten is one slot read, but a model of `eqx.nn.Linear` layers is
-mostly Linear nodes, so it flattened as slowly as an `eqx.Module` (1.00x, 256 layers).
+`__dict__` through `Module.__getattribute__` (Python-level) on every flatten: a model
+of `eqx.nn.Linear` layers is mostly Linear nodes, so it would flatten as slowly as an
+`eqx.Module`.
 
-When an AutoModule freezes its fields, each `eqx.nn` layer in them is replaced by an
-instance of the layer's *twin* (`_partition.freeze_and_twin`): a subclass created here
-once per layer class (`isinstance(layer, eqx.nn.Linear)` holds; name, repr, methods
-and `__init__` are the layer's) whose node is an AutoModule's: `(children, aux)` in a
-slot, the partition decided from the values (fields marked `eqx.field(static=True)`
-stay static), an unflatten that fills the attributes in, methods bound by descriptors.
-Its key paths and array leaves are those of the original layer.
+So where an AutoModule's pytree child holds an `eqx.nn` layer, it holds the layer's
+*twin* instead (`_partition`): an instance of a subclass created here once per layer
+class (`isinstance(twin, eqx.nn.Linear)` holds, for `is_leaf` callbacks; name, repr
+and methods are the layer's) whose node is an AutoModule's: the partition decided from
+the values in a slot (fields marked `eqx.field(static=True)` stay static), an
+unflatten that fills the attributes in. Its key paths and array leaves are those of
+the layer. The attribute keeps the layer itself, and a twin made by unflattening
+becomes a layer of the layer's own class when the attribute is read
+(`_layout.real_layer`): `type(model.linear) is eqx.nn.Linear`.
 
 Only classes defined in `equinox.nn` are twinned, and not `StateIndex`, which Equinox
 checks by exact type: a user's own `eqx.Module` class may have `__init_subclass__`
@@ -26,9 +28,15 @@ from typing import Any
 import equinox as eqx
 
 from ._bound_method import MethodDescriptor, wraps_as_method
-from ._layout import is_automodule_class, materialise, Partitioned, prepare_class
+from ._layout import (
+    is_automodule_class,
+    prepare_class,
+    real_layer,
+    twin_classes,
+    TWIN_OF as _TWIN_OF,
+    TwinBase,
+)
 
-_TWIN_OF = "_autostatic_twin_of"  # class attribute of a twin: its layer class
 _twins: dict[type, type] = {}
 _twins_lock = threading.Lock()
 _object_getattribute = object.__getattribute__
@@ -43,11 +51,6 @@ def is_twin(x: Any) -> bool:
     return _TWIN_OF in vars(type(x))
 
 
-def layer_of(twin_cls: type) -> type:
-    """The layer class a twin class stands for."""
-    return vars(twin_cls)[_TWIN_OF]
-
-
 def is_twinned_class(cls: type) -> bool:
     """A layer class whose instances inside an AutoModule become twins."""
     return (
@@ -59,18 +62,14 @@ def is_twinned_class(cls: type) -> bool:
     )
 
 
-class _TwinBase(Partitioned):
-    """The slot and the pickling that a twin adds to its layer class. (A twin's
-    unflatten fills its attributes in at once, so it needs no `__getattr__`.)"""
+def _as_is(x: Any) -> Any:
+    return x
 
-    __slots__ = ()
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # By the layer class: a twin class is made at run time, pickle cannot name it.
-        # Imported here: `_partition` (which decides partitions) imports this module.
-        from ._partition import restore_twin
-
-        return (restore_twin, (layer_of(type(self)), dict(materialise(self))))
+def _reduce_twin(twin: Any) -> tuple[Any, ...]:
+    # As the layer it stands for: a twin class is made at run time, pickle cannot
+    # name it, and a twin is no attribute value.
+    return (_as_is, (real_layer(twin),))
 
 
 def twin_class(cls: type) -> type:
@@ -94,7 +93,7 @@ def _make_twin_class(cls: type) -> type:
         # Methods are bound by descriptors below, so Equinox's Python-level
         # `__getattribute__` (which binds them on every access) is not needed.
         "__getattribute__": object.__getattribute__,
-        "__reduce__": _TwinBase.__reduce__,
+        "__reduce__": _reduce_twin,
     }
     fields = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # an eqx.Module is a dataclass
     for klass in reversed(cls.__mro__):
@@ -107,6 +106,7 @@ def _make_twin_class(cls: type) -> type:
                 namespace[name] = MethodDescriptor(value, name)
     # Equinox's metaclass makes the dataclass and registers it; `_partition` answers
     # its call for the flatten functions (claimed by `is_twin_class`).
-    twin = type(cls)(cls.__name__, (cls, _TwinBase), namespace)
+    twin = type(cls)(cls.__name__, (cls, TwinBase), namespace)
     prepare_class(twin, twin=True)
+    twin_classes[twin] = cls
     return twin

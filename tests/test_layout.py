@@ -1,5 +1,5 @@
-"""How a node's partition is stored and read (`_layout`): the Aux tuple, the
-StaticLeaf wrapper, lazy fill-in."""
+"""The node format (`_layout`): the Aux tuple, static records that carry no field
+names, lazy fill-in."""
 
 import pickle
 import sys
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._layout import Aux, make_aux, StaticLeaf
+from autostatic._layout import Aux, Compared, make_aux, snapshot_leaf, StaticSequence
 
 
 class Pair(asx.AutoModule):
@@ -26,9 +26,9 @@ def test_aux_is_a_flat_tuple_with_named_accessors():
     aux = _aux(Pair(jnp.ones(2), 0.5, "p"))
     assert type(aux) is Aux and isinstance(aux, tuple)
     assert aux.layout.child_names == ("w",)
-    assert aux.layout.static_names == ("scale", "name")
-    assert aux.static_types == (float, str)
-    assert aux.static_values == (0.5, "p")
+    assert aux.layout.entry_names == ("scale", "name")
+    assert aux.layout.static_types == (float, str)
+    assert aux.entries == (0.5, "p")
     assert tuple(aux) == (aux.layout, 0.5, "p")
 
 
@@ -41,24 +41,49 @@ def test_one_layout_object_per_types_and_1_1_0_true_differ():
     assert make_aux(one_f.layout, (1, "p")) == one  # re-typed from any layout
 
 
-def test_aux_and_static_leaves_pickle_with_function_types():
+def test_aux_pickles_with_function_types():
     aux = make_aux(_aux(Pair(jnp.ones(2), 0.5, "p")).layout, (len, "x"))
     again = pickle.loads(pickle.dumps(aux))
-    assert again == aux and again.static_types == (type(len), str)
+    assert again == aux and again.layout.static_types == (type(len), str)
     assert again.layout is aux.layout
-    leaf = pickle.loads(pickle.dumps(StaticLeaf(len, "Net.f")))
-    assert leaf.value is len and leaf.aux == (type(len), len)
 
 
-def test_static_leaf_aux_compares_in_c_unless_eq_is_python():
-    assert StaticLeaf(len, "x").aux == (type(len), len)
+def test_static_leaves_compare_in_c_unless_eq_is_python():
+    assert snapshot_leaf(len) is len and snapshot_leaf(3) == 3
 
     class Weird:
         def __eq__(self, other):
             raise ValueError("no")
 
-    weird = StaticLeaf(Weird(), "Net.weird")
-    assert weird.aux is weird  # so a failing comparison names the attribute
+        __hash__ = object.__hash__
+
+    weird = snapshot_leaf(Weird())
+    assert type(weird) is Compared  # so a failing comparison says what to do
+    assert type(snapshot_leaf({1, 2})) is not set  # a frozen copy of a set
+
+
+class Left(asx.AutoModule):
+    a: list
+    sizes: list
+
+
+class Right(asx.AutoModule):
+    b: list
+    dims: list
+
+
+def test_no_record_holds_a_field_name_or_path():
+    """Equal values in different fields and classes give equal records: the aux
+    entries and the children's treedefs."""
+    value = [jnp.ones(2), jax.nn.relu, {"k": 3, "w": jnp.ones(1)}]
+    left, right = Left(value, [8, 8]), Right(list(value), [8, 8])
+    (left_child,) = jax.tree_util.tree_structure(left).children()
+    (right_child,) = jax.tree_util.tree_structure(right).children()
+    assert left_child == right_child
+    assert _aux(left).entries == _aux(right).entries
+    assert type(_aux(left).entries[1]) is StaticSequence
+    for entry in _aux(left).entries:
+        assert "Left" not in repr(entry) and "sizes" not in repr(entry)
 
 
 class StaticFirst(asx.AutoModule):
@@ -69,7 +94,7 @@ class StaticFirst(asx.AutoModule):
 
 def test_lazy_fill_in_is_never_seen_half_done_by_other_threads():
     # Reads race on a freshly unflattened instance: a thread must never see a
-    # missing field or an internal StaticLeaf while another fills the fields in.
+    # missing field or a half-made value while another fills the fields in.
     model = StaticFirst("m", [jnp.ones(2), "tag", 3], ["a", "b"])
     leaves, treedef = jax.tree_util.tree_flatten(model)
     n_threads, rounds = 8, 250

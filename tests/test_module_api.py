@@ -213,12 +213,15 @@ def test_copy_deepcopy_pickle_keep_partition(roundtrip):
     assert eqx.tree_equal(other, model)
     with pytest.raises(dataclasses.FrozenInstanceError):
         other.scale = 1.0
-    with pytest.raises(TypeError, match="cannot be modified"):
-        other.inners.append(1)
-    with pytest.raises(TypeError, match=r"Inner\.sizes cannot be modified"):
-        other.inners[0].sizes.append(1)
     f = jax.jit(lambda m, x: m(x))
     np.testing.assert_allclose(f(other, jnp.ones(2)), f(model, jnp.ones(2)))
+    # The copy's containers are its own: changing one leaves the original alone.
+    if roundtrip is not copy.copy:
+        other.inners[0].sizes.append(1)
+        assert model.inners[0].sizes == [2, 2]
+        assert jax.tree_util.tree_structure(model) != jax.tree_util.tree_structure(
+            other
+        )
 
 
 class WithCallables(asx.AutoModule):
@@ -304,7 +307,7 @@ def test_flatten_inside_init_and_check_init():
     assert flat_counts == [1, 1] and keystrs(s) == [".w"]
 
 
-def test_uncomparable_static_value_error_names_attribute():
+def test_uncomparable_static_value_error_names_its_type_and_the_fix():
     class Weird:
         def __eq__(self, other):
             raise RuntimeError("no comparison")
@@ -323,16 +326,18 @@ def test_uncomparable_static_value_error_names_attribute():
     while err is not None:
         chain.append(str(err))
         err = err.__cause__ or err.__context__
-    assert any("Holder.weird" in message for message in chain)
+    assert any(
+        "of type Weird cannot be compared" in message and "boolean __eq__" in message
+        for message in chain
+    )
 
 
-def test_frozen_containers_pickle_and_compare_like_builtins():
+def test_containers_pickle_as_the_built_ins_they_are():
     model = Outer()
     assert model.inners[0].sizes == [2, 2] and model.config["depth"] == 2
     again = pickle.loads(pickle.dumps(model))
-    assert again.config["depth"] == 2 and isinstance(again.config, dict)
-    with pytest.raises(TypeError, match=r"Outer\.config cannot be modified"):
-        again.config["depth"] = 3
+    assert type(again.config) is dict and again.config["depth"] == 2
+    assert type(again.inners) is list and type(again.inners[0].sizes) is list
 
 
 def test_reading_an_unset_field_in_init_raises_attribute_error():

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import autostatic as asx
-import autostatic._layout as asx_layout
 
 from .helpers import (
     array_keystrs,
@@ -77,7 +76,11 @@ def test_tree_map_keeps_static_values_identical():
     mlp = AutoMLP(2, 3, KEY, scale=0.5)
     mlp2 = jax.tree_util.tree_map(lambda x: x + 1, mlp)
     assert mlp2.layers[0].activation is mlp.layers[0].activation
-    assert mlp2.layers[1].sizes is mlp.layers[1].sizes
+    # A static container is rebuilt from the aux: equal, of its type, its own copy
+    # (so changing it cannot change the original's treedef).
+    sizes = mlp2.layers[1].sizes
+    assert type(sizes) is list and sizes == mlp.layers[1].sizes
+    assert sizes is not mlp.layers[1].sizes
     assert mlp2.scale == 0.5
 
 
@@ -124,19 +127,13 @@ def test_vmap_in_axes_spec_from_tree_map():
     assert out.shape == (2, 3)
 
 
-def test_list_append_in_init_then_frozen():
+def test_attribute_containers_are_the_built_ins_assigned():
     model = AutoMLP(3, 2, KEY)
-    assert isinstance(model.layers, list) and len(model.layers) == 3
-    with pytest.raises(TypeError, match=r"AutoMLP\.layers cannot be modified"):
-        model.layers.append(model.layers[0])
-    with pytest.raises(TypeError, match=r"AutoLayer\.sizes cannot be modified"):
-        model.layers[0].sizes[0] = 5
+    assert type(model.layers) is list and len(model.layers) == 3
+    assert type(model.layers[0].sizes) is list
     mixed = AutoMixed(KEY)
-    with pytest.raises(TypeError, match=r"AutoMixed\.stuff\[3\] cannot be modified"):
-        mixed.stuff[3]["tag"] = "y"
-    with pytest.raises(TypeError, match=r"AutoMixed\.blocks cannot be modified"):
-        mixed.blocks.pop("a")
-    # Still behaves as a list/dict for reading.
+    assert type(mixed.stuff) is list and type(mixed.stuff[3]) is dict
+    assert type(mixed.blocks) is dict
     assert model.layers[0].sizes == [2, 2] and model.layers[0].sizes + [1] == [2, 2, 1]
     assert len(jax.tree_util.tree_leaves(model)) == 6
 
@@ -203,7 +200,7 @@ def test_construct_inside_jit_from_tracers():
     assert made.name == "aff" and keystrs(made) == [".w"]
 
 
-def test_ordered_and_default_dicts_are_frozen_with_eqx_key_order():
+def test_ordered_and_default_dicts_keep_their_types_and_eqx_key_order():
     import collections
 
     class Dicts(asx.AutoModule):
@@ -226,13 +223,12 @@ def test_ordered_and_default_dicts_are_frozen_with_eqx_key_order():
         "k",
         "a",
     ]
-    assert m.counts["missing"] == 0 and "missing" not in m.counts
-    with pytest.raises(TypeError, match=r"Dicts\.ordered cannot be modified"):
-        m.ordered["w"] = jnp.zeros(2)
-    with pytest.raises(TypeError, match=r"Dicts\.counts cannot be modified"):
-        m.counts["a"] += 1
+    assert type(m.counts) is collections.defaultdict and m.counts["a"] == 1
     again = jax.tree_util.tree_map(lambda x: x + 1, m)
-    assert list(again.ordered) == ["w", "k", "a"] and again.counts["a"] == 1
+    assert list(again.ordered) == ["w", "k", "a"] and again.counts == {"a": 1}
+    assert type(again.ordered) is collections.OrderedDict
+    assert type(again.counts) is collections.defaultdict
+    assert again.counts.default_factory is int
 
 
 def test_copies_and_unions_of_frozen_containers_are_plain_builtins():
@@ -382,43 +378,46 @@ def double(x):
     return 2 * x
 
 
-def test_a_flat_mixed_list_carries_its_static_items_itself():
-    """A stack of layers and activations is one pytree node holding its activations
-    in its aux data: the attribute is the child, and no `StaticLeaf` is in the tree."""
+def _dynamic_half(value: Any) -> Any:
+    """What eqx.partition(value, eqx.is_array) keeps: None for every other leaf."""
+    return eqx.filter(value, eqx.is_array)
+
+
+def test_a_mixed_list_is_a_list_and_its_child_the_dynamic_half():
+    """A stack of layers and activations: the attribute is the very list assigned;
+    the pytree child is that list with None for each non-array leaf, exactly the
+    dynamic half eqx.partition gives, and the aux puts the leaves back."""
     import pickle
 
-    from autostatic._layout import MixedFrozenList, StaticLeaf
-
     linear = eqx.nn.Linear(2, 2, key=KEY)
-    net = Stack([linear, jax.nn.relu, eqx.nn.Dropout(0.1), 2])
-    assert type(net.layers) is MixedFrozenList and net.layers == [
-        net.layers[0],
-        jax.nn.relu,
-        net.layers[2],
-        2,
+    layers = [linear, jax.nn.relu, eqx.nn.Dropout(0.1), 2]
+    net = Stack(layers)
+    assert net.layers is layers and net.layers[0] is linear
+    # Layers are fast twins in the pytree only: the paths of the dynamic half.
+    assert [jax.tree_util.keystr(p)[len(".layers") :] for p, _ in jtu_paths(net)] == [
+        jax.tree_util.keystr(p) for p, _ in jtu_paths(_dynamic_half(layers))
     ]
-    assert repr(net.layers).startswith("[Linear(")
-    with pytest.raises(TypeError, match=r"Stack\.layers cannot be modified \(list"):
-        net.layers.append(1)
-    nodes = jax.tree_util.tree_flatten(net, is_leaf=lambda x: type(x) is StaticLeaf)
-    assert not any(type(x) is StaticLeaf for x in nodes[0])
+    plain = [jnp.ones(2), jax.nn.relu, {"w": jnp.ones(1), "n": 3}, (2.0, jnp.ones(1))]
+    (child,) = jax.tree_util.tree_structure(Stack(plain)).children()
+    assert child == jax.tree_util.tree_structure(_dynamic_half(plain))
     rebuilt = jax.tree_util.tree_map(lambda x: x + 1, net)
-    assert type(rebuilt.layers) is MixedFrozenList
+    assert type(rebuilt.layers) is list and type(rebuilt.layers[0]) is eqx.nn.Linear
     assert rebuilt.layers[1] is jax.nn.relu and rebuilt.layers[3] == 2
+    assert type(rebuilt.layers[3]) is int and rebuilt.layers[2].p == 0.1
     assert jax.tree_util.tree_structure(rebuilt) == jax.tree_util.tree_structure(net)
     picklable = Stack([linear, double, 2])  # jax.nn.relu itself cannot be pickled
     again = pickle.loads(pickle.dumps(picklable))
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(
         picklable
     )
-    assert again.layers[1] is double and type(again.layers) is MixedFrozenList
+    assert again.layers[1] is double and type(again.layers) is list
     # Static items that differ, or equal ones of another type, give another treedef.
     other = [Stack([linear, f, 2]) for f in (jax.nn.gelu, jax.nn.relu)]
     assert len({jax.tree_util.tree_structure(m) for m in other}) == 2
     assert jax.tree_util.tree_structure(
         Stack([linear, jax.nn.relu, 1])
     ) != jax.tree_util.tree_structure(Stack([linear, jax.nn.relu, 1.0]))
-    # A static item whose == raises names where it sits when compared.
+    # A static item whose == raises is reported with its type when compared.
     a, b = Stack([linear, RaisingEq()]), Stack([linear, RaisingEq()])
     with pytest.raises(Exception) as info:  # JAX wraps the error in its own
         _ = jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
@@ -426,31 +425,22 @@ def test_a_flat_mixed_list_carries_its_static_items_itself():
     while err is not None:
         chain.append(str(err))
         err = err.__cause__ or err.__context__
-    assert any("Stack.layers[1]" in message for message in chain)
-    # Exposed for surgery, every item is a child again.
-    assert (
-        jax.tree_util.keystr(
-            jax.tree_util.tree_flatten_with_path(
-                asx.tree_at(lambda m: m.layers[1], net, jax.nn.gelu)
-            )[0][0][0]
-        )
-        == ".layers[0].weight"
-    )
-    assert asx.tree_at(lambda m: m.layers[1], net, jax.nn.gelu).layers[1] is jax.nn.gelu
+    assert any("of type RaisingEq cannot be compared" in m for m in chain)
+    # Surgery on a static item.
+    swapped = asx.tree_at(lambda m: m.layers[1], net, jax.nn.gelu)
+    assert swapped.layers[1] is jax.nn.gelu
+    assert jax.tree_util.keystr(jtu_paths(swapped)[0][0]) == ".layers[0].weight"
 
 
-def test_nested_lists_and_dicts_carry_their_static_items():
-    """Lists and dicts inside a mixed field carry their own static items too; a tuple
-    holding one, or a nest deeper than MIXED_DEPTH, keeps StaticLeaf wrappers. Both
-    give eqx.Module's array paths and the plain values back."""
+def test_nested_containers_and_tuples_split_per_leaf():
+    """Lists, dicts and tuples inside a mixed field, at any depth: eqx.Module's array
+    paths, the plain values back, the dynamic half as the child."""
     import pickle
-
-    from autostatic._layout import MIXED_DEPTH, MixedFrozenDict, StaticLeaf
 
     linear = eqx.nn.Linear(2, 2, key=KEY)
     value = [linear, {"w": jnp.ones(2), "tag": "x", "f": double}, [jnp.ones(1), 3]]
     net = Stack(value)
-    assert type(net.layers[1]) is MixedFrozenDict
+    assert type(net.layers[1]) is dict
     assert list(net.layers[1]) == ["w", "tag", "f"]  # the user's key order
     paths = [jax.tree_util.keystr(p) for p, _ in jtu_paths(net)]
     assert paths == [
@@ -460,9 +450,6 @@ def test_nested_lists_and_dicts_carry_their_static_items():
         ".layers[2][0]",
     ]
     structure = jax.tree_util.tree_structure(net)
-    is_static_leaf = lambda x: type(x) is StaticLeaf
-    flat = jax.tree_util.tree_flatten(net, is_leaf=is_static_leaf)[0]
-    assert not any(map(is_static_leaf, flat))
     again = pickle.loads(pickle.dumps(net))
     assert jax.tree_util.tree_structure(again) == structure
     assert again.layers[1]["f"] is double and again.layers[2][1] == 3
@@ -471,16 +458,19 @@ def test_nested_lists_and_dicts_carry_their_static_items():
     assert asx.tree_at(lambda m: m.layers[1]["tag"], net, "y").layers[1]["tag"] == "y"
     assert jax.tree_util.tree_structure(Stack(list(value))) == structure
 
-    # Fallbacks: a tuple with a static item, and a nest deeper than MIXED_DEPTH.
-    for fallback in (
+    for deep in (
         [jnp.ones(1), (jnp.ones(1), "t")],
-        nested_lists(MIXED_DEPTH + 2, [jnp.ones(1), "deep"]),
+        nested_lists(20, [jnp.ones(1), "deep"]),
     ):
-        model = Stack(fallback)
-        assert type(model.layers) is not asx_layout.MixedFrozenList
+        model = Stack(deep)
+        (child,) = jax.tree_util.tree_structure(model).children()
+        assert child == jax.tree_util.tree_structure(_dynamic_half(deep))
         rebuilt = jax.tree_util.tree_map(lambda x: x + 1, model)
         assert jax.tree_util.tree_structure(rebuilt) == (
             jax.tree_util.tree_structure(model)
+        )
+        assert jax.tree_util.tree_structure(rebuilt.layers) == (
+            jax.tree_util.tree_structure(deep)
         )
         assert jax.jit(lambda m: jax.tree_util.tree_leaves(m)[0] + 1)(model).shape
 

@@ -1,5 +1,6 @@
-"""The fast twins of `eqx.nn` layers held by AutoModules (issue 11): what must not
-change compared with the same model written as an `eqx.Module`."""
+"""The fast twins of `eqx.nn` layers in an AutoModule's pytree: what must not change
+compared with the same model written as an `eqx.Module`. The attributes hold the
+layers themselves; twins appear only in the pytree (to `is_leaf` callbacks)."""
 
 import copy
 import pickle
@@ -64,26 +65,49 @@ def _layers(model):
     return [model.attention, model.norm, model.mlp, model.stack[0], model.stack[2]]
 
 
-def test_layers_are_twins_that_equinox_code_accepts():
+def _pytree_layers(model):
+    is_layer = lambda x: isinstance(x, eqx.Module) and not isinstance(x, asx.AutoModule)
+    return [
+        x for x in jax.tree_util.tree_leaves(model, is_leaf=is_layer) if is_layer(x)
+    ]
+
+
+def test_attributes_are_the_layers_and_the_pytree_holds_their_twins():
     model = Block(KEY)
-    for layer, cls in zip(
-        _layers(model),
-        [
-            eqx.nn.MultiheadAttention,
-            eqx.nn.LayerNorm,
-            eqx.nn.MLP,
-            eqx.nn.Linear,
-            eqx.nn.Sequential,
-        ],
-    ):
-        assert isinstance(layer, cls) and type(layer) is not cls
-        assert type(layer).__name__ == cls.__name__
-    assert isinstance(model.stack[2].layers[0], eqx.nn.Linear)  # nested layers too
-    assert isinstance(model.attention.query_proj, eqx.nn.Linear)
-    assert repr(model.stack[0]).startswith("Linear(")
+    classes = [
+        eqx.nn.MultiheadAttention,
+        eqx.nn.LayerNorm,
+        eqx.nn.MLP,
+        eqx.nn.Linear,
+        eqx.nn.Sequential,
+    ]
+    for layer, cls in zip(_layers(model), classes):
+        assert type(layer) is cls
+        standalone = jax.tree_util.tree_structure(eqx.combine(layer))
+        assert jax.tree_util.tree_structure(layer) == standalone
+    assert type(model.stack[2].layers[0]) is eqx.nn.Linear  # nested layers too
+    assert type(model.attention.query_proj) is eqx.nn.Linear
+    # In the pytree (what an is_leaf callback sees), each is a twin: an instance of
+    # its layer class, with the layer's name and repr.
+    twins = _pytree_layers(model)
+    assert [type(t).__name__ for t in twins] == [
+        "MultiheadAttention",
+        "LayerNorm",
+        "MLP",
+        "Linear",
+        "Sequential",
+        "Dropout",
+    ]
+    for twin, cls in zip(twins, classes):
+        assert isinstance(twin, cls) and type(twin) is not cls
+    assert repr(twins[3]).startswith("Linear(")
     assert eqx.tree_pformat(model) == eqx.tree_pformat(EqxBlock(KEY)).replace(
         "EqxBlock", "Block"
     )
+    rebuilt = jax.tree_util.tree_map(lambda x: x + 1, model)
+    for layer, cls in zip(_layers(rebuilt), classes):
+        assert type(layer) is cls
+    assert type(rebuilt.stack[2].layers[0]) is eqx.nn.Linear
 
 
 def test_key_paths_leaves_and_results_match_the_eqx_module():
@@ -182,13 +206,15 @@ def test_copy_and_pickle_keep_twins(roundtrip):
     other = roundtrip(model)
     assert jax.tree_util.tree_structure(other) == jax.tree_util.tree_structure(model)
     assert type(other.layers[0]) is type(model.layers[0])
-    layer = roundtrip(model.layers[0])  # a twin on its own, by its layer class
-    assert type(layer) is type(model.layers[0])
+    twin = _pytree_layers(model)[0]
+    layer = roundtrip(twin)  # a twin on its own: as the layer it stands for
+    assert type(layer) is eqx.nn.Linear
     assert jnp.array_equal(layer.weight, model.layers[0].weight)
 
 
 def test_a_twin_called_as_a_class_builds_a_working_layer():
-    twin_cls = type(Block(KEY).stack[0])
+    twin_cls = type(_pytree_layers(Block(KEY))[3])
+    assert twin_cls is not eqx.nn.Linear
     layer = twin_cls(3, 2, key=KEY)
     assert keystrs(layer) == [".weight", ".bias"]
     assert jax.jit(lambda lin, x: lin(x))(layer, jnp.ones(3)).shape == (2,)
@@ -198,9 +224,13 @@ def test_layers_outside_an_automodule_stay_equinox_s():
     linear = eqx.nn.Linear(2, 2, key=KEY)
     model = Block(KEY)
     assert type(linear) is eqx.nn.Linear  # building a model does not touch its inputs
-    assert type(model.stack[0]) is not eqx.nn.Linear
-    # eqx.tree_equal compares structures, and a twin is another class:
-    assert not eqx.tree_equal(model.stack[0], eqx.nn.Linear(8, 8, key=KEY))
+    assert type(model.stack[0]) is eqx.nn.Linear
+    # A held layer and a standalone one are trees of one structure.
+    standalone = eqx.nn.Linear(8, 8, key=jax.random.key(9))
+    summed = jax.tree_util.tree_map(lambda a, b: a + b, model.stack[0], standalone)
+    assert type(summed) is eqx.nn.Linear
+    picked = jax.lax.cond(True, lambda: model.stack[0], lambda: standalone)
+    assert jnp.array_equal(picked.weight, model.stack[0].weight)
     assert eqx.tree_equal(model, Block(KEY))
 
 
