@@ -11,6 +11,11 @@ from ._diagnostics import (
 from ._eqx_format import load_eqx as load_eqx
 from ._module import AutoModule as AutoModule
 from ._safetensors import CheckpointError as CheckpointError
+from ._splice import (
+    combine as combine,
+    filter as filter,  # Equinox's name
+    partition as partition,
+)
 from ._surgery import inference_mode as inference_mode, tree_at as tree_at
 
 __version__ = "0.1.0"

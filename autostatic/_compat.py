@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import equinox._filters as _eqx_filters
 import equinox._module._module as _eqx_module
 import equinox._tree as _eqx_tree
 import equinox.nn as _eqx_nn
@@ -82,6 +83,10 @@ def _check_equinox() -> None:
             "eqx.tree_inference are not the functions of equinox._tree and "
             "equinox.nn._inference"
         )
+    for name in ("filter", "partition", "combine"):
+        public = getattr(eqx, name, None)
+        if getattr(public, "__wrapped__", public) is not getattr(_eqx_filters, name, 0):
+            problems.append(f"eqx.{name} is not equinox._filters.{name}")
     if problems:
         raise ImportError(
             "autostatic cannot work with the installed equinox: "
@@ -166,6 +171,33 @@ def route_surgery(
     _eqx_shared.tree_at = tree_at  # pyright: ignore[reportPrivateImportUsage]  # verified at import
     _eqx_nn.inference_mode = inference_mode
     setattr(eqx, "tree_inference", inference_mode)  # noqa: B010  # not in eqx.__all__
+
+
+original_filter: Callable[..., Any] = eqx.filter
+original_partition: Callable[..., Any] = eqx.partition
+original_combine: Callable[..., Any] = eqx.combine
+
+
+def route_splice(
+    filter: Callable[..., Any],  # Equinox's name
+    partition: Callable[..., Any],
+    combine: Callable[..., Any],
+) -> None:
+    """Makes `eqx.filter`, `eqx.partition` and `eqx.combine` these.
+
+    Only the public names change: Equinox's own transforms (`filter_jit`,
+    `filter_grad`, ...) keep the functions they imported, whose halves of an
+    AutoModule have the module's own treedef, as their gradients need.
+    """
+    for function, original in (
+        (filter, original_filter),
+        (partition, original_partition),
+        (combine, original_combine),
+    ):
+        function.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
+    eqx.filter = filter
+    eqx.partition = partition
+    eqx.combine = combine
 
 
 def saved_by_tree_serialise_leaves(leaf: Any) -> bool:

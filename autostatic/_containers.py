@@ -91,6 +91,18 @@ def _rebuilt(value: Any, items: list[Any]) -> Any:
 _leaf_types: set[type] = set(_NOT_CONTAINERS)
 
 
+def _leaf(
+    item: Any, convert: Callable[[Any], Any] | None, watched: list[Any] | None
+) -> Any:
+    kind = type(item)
+    if kind is set:
+        if watched is not None:
+            watched.append(item)
+    else:
+        _leaf_types.add(kind)
+    return item if convert is None else convert(item)
+
+
 def walk(
     value: Any,
     path: ContainerPath,
@@ -106,16 +118,9 @@ def walk(
     path is a cycle and raises `ContainerCycleError` naming where.
     """
 
-    def leaf(item: Any) -> Any:
-        kind = type(item)
-        if kind is set:
-            if watched is not None:
-                watched.append(item)
-        else:
-            _leaf_types.add(kind)
-        return item if convert is None else convert(item)
-
     kind = type(value)
+    if kind in _leaf_types:
+        return value if convert is None else convert(value)
     if (kind is list or kind is tuple) and _leaf_types.issuperset(map(type, value)):
         # A flat list of layers, arrays or numbers: no nesting to follow.
         if watched is not None and kind is list:
@@ -125,7 +130,7 @@ def walk(
         return _rebuilt(value, list(map(convert, value)))
     items = _items(value)
     if items is None:
-        return leaf(value)
+        return _leaf(value, convert, watched)
     if watched is not None and type(value) is not tuple:
         watched.append(value)
     # One entry per container being walked: (container, path, its items, new ones).
@@ -140,7 +145,7 @@ def walk(
                 continue
             sub_items = _items(item)
             if sub_items is None:
-                done.append(leaf(item))
+                done.append(_leaf(item, convert, watched))
                 continue
             item_path = (*node_path, key)
             if id(item) in on_path:

@@ -225,11 +225,43 @@ class Aux(tuple):
         return (make_aux, (self.layout, self.entries))
 
 
+_interned: dict[Any, Any] = {}
+
+
+def _exact_under_eq(x: Any) -> bool:
+    """Whether `==` with an equal value of the same type says all there is to it:
+    not for a float or complex zero (the sign) or NaN (never equal)."""
+    kind = type(x)
+    if kind is float or kind is complex:
+        return x == x and x != 0
+    if isinstance(x, tuple):
+        return all(map(_exact_under_eq, x))
+    return kind is not Compared
+
+
+def interned(record: Any) -> Any:
+    """One object per value for aux records (their small tuples, the records, a
+    node's whole aux), so that two models built alike hold the same objects, which
+    JAX compares by identity in C. A record holding a zero or NaN float, or a value
+    that cannot be hashed, is kept as it is."""
+    try:
+        if not all(map(_exact_under_eq, record)):
+            return record
+        found = _interned.get(record)
+    except TypeError:  # an unhashable item
+        return record
+    if found is None:
+        if len(_interned) >= 65536:  # bounded: the static values of a few models
+            _interned.clear()
+        found = _interned.setdefault(record, record)
+    return found
+
+
 def make_aux(layout: Layout, entries: tuple[Any, ...]) -> Aux:
     """The aux data of a node of `layout` (a split, or a typed layout of that split)
     holding `entries`."""
     typed = layout.with_types(tuple(map(type, entries)))
-    return Aux((typed, *entries))
+    return interned(Aux((typed, *entries)))
 
 
 def static_equal(a: Any, b: Any) -> bool:
@@ -331,11 +363,11 @@ def static_tree(
 ) -> StaticTree | StaticSequence:
     """The aux entry of a static `value` with structure."""
     leaves = [snapshot_leaf(x) for x in leaves]
-    types = tuple(map(type, leaves))
+    types = interned(tuple(map(type, leaves)))
     kind = type(value)
     if (kind is list or kind is tuple) and treedef.num_nodes == len(value) + 1:
-        return StaticSequence((kind, types, *leaves))
-    return StaticTree((treedef, types, twinned, *leaves))
+        return interned(StaticSequence((kind, types, *leaves)))
+    return interned(StaticTree((treedef, types, twinned, *leaves)))
 
 
 def _is_none(x: Any) -> bool:
@@ -343,8 +375,9 @@ def _is_none(x: Any) -> bool:
 
 
 class _Unseen:
-    """Holds a value in an aux record without taking part in its comparison: what
-    it holds is fixed by the rest of the record and the node's children."""
+    """Holds what a record needs but need not compare: it is fixed by the rest of
+    the record and the node's children. One object per value (`_unseen`), so a
+    comparison is an identity check."""
 
     __slots__ = ("value",)
 
@@ -352,10 +385,10 @@ class _Unseen:
         self.value = value
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is _Unseen
+        return self is other or (type(other) is _Unseen and self.value == other.value)
 
     def __hash__(self) -> int:
-        return 0
+        return hash(self.value)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_Unseen, (self.value,))
@@ -365,8 +398,8 @@ class Holes(tuple):
     """The non-array leaves of a HOLED field: `(count, positions, leaf types,
     twinned, unseen, *leaves)`. The child holds `None` in their places; flattened
     with `None` as a leaf it has `count` leaves, of which `positions` are the holes.
-    `unseen` holds the whole value's treedef and where the holes are among its
-    leaves (uncompared: the child's treedef and `positions` fix both), which put
+    `unseen` holds the whole value's treedef (`list` or `tuple` for a flat one)
+    and where the holes are among its leaves (uncompared: the child's treedef and `positions` fix both), which put
     them back in C."""
 
     __slots__ = ()
@@ -376,6 +409,15 @@ class Holes(tuple):
         structure a tree_map with `is_leaf` changed is kept as it is."""
         _, _, _, twinned, unseen, *leaves = self
         treedef, at = unseen.value
+        if type(treedef) is type:  # a flat list or tuple: its items are the parts
+            if type(child) is not treedef:
+                return self._slow_value(child)
+            parts = list(child)
+            if twinned:
+                parts = [real_layer(x) if type(x) in twin_classes else x for x in parts]
+            for i, leaf in zip(at, leaves):
+                parts[i] = _natural_leaf(leaf)
+            return parts if treedef is list else tuple(parts)
         try:
             parts = treedef.flatten_up_to(child)
         except (ValueError, TypeError):
@@ -396,6 +438,21 @@ class Holes(tuple):
         return untwin(value) if twinned else value
 
 
+# One `_Unseen` per whole-value treedef and hole positions, so that the records of
+# blocks built alike hold the same object, compared by identity in C.
+_unseens: "dict[tuple[Any, tuple[int, ...]], _Unseen]" = {}
+
+
+def _unseen(treedef: Any, at: tuple[int, ...]) -> _Unseen:
+    key = (treedef, at)
+    try:
+        return _unseens[key]
+    except KeyError:
+        if len(_unseens) >= 4096:  # bounded: the structures of a few models
+            _unseens.clear()
+        return _unseens.setdefault(key, _Unseen(key))
+
+
 _MARK: Final = object()  # stands in a hole while its position is found
 
 
@@ -407,12 +464,19 @@ def punch(
     marked = treedef.unflatten([x if f else _MARK for x, f in zip(leaves, flags)])
     parts = jtu.tree_flatten(marked, is_leaf=_is_none)[0]
     positions = tuple(i for i, x in enumerate(parts) if x is _MARK)
-    at = tuple(i for i, f in enumerate(flags) if not f)  # among the value's leaves
+    # Filled back in through the containers only: twins and AutoModules, which
+    # hold no hole, stay the very objects of the child.
+    outer_parts, outer = jtu.tree_flatten(marked, is_leaf=has_partition)
+    at = tuple(i for i, x in enumerate(outer_parts) if x is _MARK)
+    kind = type(marked)
+    if (kind is list or kind is tuple) and outer.num_nodes == len(marked) + 1:
+        outer = kind  # every item a leaf there: filled back in item by item
     child = treedef.unflatten([x if f else None for x, f in zip(leaves, flags)])
     static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
-    types = tuple(map(type, static))
-    record = (len(parts), positions, types, twinned, _Unseen((treedef, at)), *static)
-    return child, Holes(record)
+    types = interned(tuple(map(type, static)))
+    positions = interned(positions)
+    record = (len(parts), positions, types, twinned, _unseen(outer, at), *static)
+    return child, interned(Holes(record))
 
 
 def entry_value(entry: Any) -> Any:

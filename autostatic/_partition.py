@@ -335,7 +335,7 @@ install_flatten_generator(
 )
 
 
-def _decided(cls: type, attrs: Any) -> Any:
+def decided(cls: type, attrs: Any) -> Any:
     """A new `cls` instance with the fields `attrs` and its partition decided,
     without calling `__init__`."""
     obj = _object_new(cls)
@@ -347,7 +347,7 @@ def _decided(cls: type, attrs: Any) -> Any:
 def reduce(obj: Any) -> tuple[Any, ...]:
     """`__reduce__` for copy and pickle: the class and the attribute values (the
     partition is decided again from them)."""
-    return (_decided, (type(obj), dict(materialise(obj))))
+    return (decided, (type(obj), dict(materialise(obj))))
 
 
 # The exposed form, for model surgery and diagnostics: every field a child.
@@ -360,28 +360,38 @@ def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     )
 
 
+def exposed_module(
+    cls: type, values: dict[str, Any], *, keep_declared_static: bool = True
+) -> Any:
+    """A `cls` instance with these values, every field a child (as an `eqx.Module`
+    without static markers flattens), except with `keep_declared_static` those
+    declared `eqx.field(static=True)`, which Equinox keeps in its aux data too."""
+    spec = fields_of(cls)
+    kinds, children, entries = [], [], []
+    for name, declared_static in zip(spec.names, spec.declared_static):
+        if keep_declared_static and declared_static:
+            kinds.append(STATIC)
+            entries.append(values[name])
+        else:
+            kinds.append(CHILD)
+            children.append(values[name])
+    aux = make_aux(layout_for(cls, tuple(kinds)), tuple(entries))
+    return unflatten(cls, aux, tuple(children))
+
+
 def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
-    """A copy of `tree` in which every AutoModule has all its fields as children, as
-    an `eqx.Module` without static markers flattens (except, with
-    `keep_declared_static`, those declared `eqx.field(static=True)`), and every twin
-    is the layer it stands for."""
+    """A copy of `tree` in which every AutoModule has all its fields as children
+    (`exposed_module`), and every twin is the layer it stands for."""
 
     def expose_module(module: Any) -> Any:
         cls = type(module)
-        spec = fields_of(cls)
-        if spec.twin:
+        if fields_of(cls).twin:
             return _map_modules(expose_module, real_layer(module))
         attrs = materialise(module)
-        kinds, children, entries = [], [], []
-        for name, declared_static in zip(spec.names, spec.declared_static):
-            if keep_declared_static and declared_static:
-                kinds.append(STATIC)
-                entries.append(attrs[name])
-            else:
-                kinds.append(CHILD)
-                children.append(_map_modules(expose_module, attrs[name]))
-        aux = make_aux(layout_for(cls, tuple(kinds)), tuple(entries))
-        return unflatten(cls, aux, tuple(children))
+        values = {
+            n: _map_modules(expose_module, attrs[n]) for n in fields_of(cls).names
+        }
+        return exposed_module(cls, values, keep_declared_static=keep_declared_static)
 
     return _map_modules(expose_module, tree)
 
@@ -395,7 +405,7 @@ def refreeze(tree: Any) -> Any:
             return module
         attrs = materialise(module)
         names = fields_of(cls).names
-        return _decided(
+        return decided(
             cls, ((n, _map_modules(refreeze_module, attrs[n])) for n in names)
         )
 

@@ -111,12 +111,18 @@ def test_unflatten_with_arbitrary_leaves_keeps_structure(make_leaf):
 
 
 def test_eqx_partition_combine_roundtrip():
-    model = AutoMixed(KEY)
+    model, ref = AutoMixed(KEY), EqxMixed(KEY)
     params, rest = eqx.partition(model, eqx.is_inexact_array)
-    assert jax.tree_util.tree_leaves(rest) == []
+    ref_rest = eqx.filter(ref, eqx.is_inexact_array, inverse=True)
+    # The static half holds the non-array values as leaves, as eqx.Module's does.
+    assert keystrs(rest) == keystrs(ref_rest)
+    assert jax.tree_util.tree_leaves(rest) == jax.tree_util.tree_leaves(ref_rest)
+    # The array half has the model's own treedef (that of its gradients).
+    assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(model)
     again = eqx.combine(params, rest)
     assert eqx.tree_equal(again, model)
     assert again.stuff[1] is jax.nn.relu
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(model)
 
 
 def test_vmap_in_axes_spec_from_tree_map():

@@ -1,0 +1,142 @@
+"""The natural tree: every attribute value is the object an eqx.Module would hold, of
+its type, with the treedef that value has standalone, however the model was made
+(built, unflattened by a tree_map, returned by jax.jit), and two fields, two classes
+or a field and a plain value of the same structure combine as with eqx.Module."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, HealthCheck, settings, strategies as st
+
+import autostatic as asx
+
+from .helpers import Box, build, descs
+
+KEY = jax.random.key(0)
+_LAYERS = {
+    "linear": lambda: eqx.nn.Linear(2, 2, key=KEY),
+    "dropout": lambda: eqx.nn.Dropout(0.1),
+    "mlp": lambda: eqx.nn.MLP(2, 2, 2, 1, key=KEY),
+    "norm": lambda: eqx.nn.LayerNorm(2),
+}
+layer_descs = st.tuples(st.just("layer"), st.sampled_from(sorted(_LAYERS)))
+nests = st.recursive(
+    st.one_of(descs, layer_descs),
+    lambda children: st.one_of(
+        st.tuples(st.just("list"), st.lists(children, max_size=3)),
+        st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
+        st.tuples(
+            st.just("dict"),
+            st.dictionaries(
+                st.text("xyz", min_size=1, max_size=2), children, max_size=3
+            ),
+        ),
+    ),
+    max_leaves=8,
+)
+
+
+def make(desc: tuple) -> object:
+    kind = desc[0]
+    if kind == "layer":
+        return _LAYERS[desc[1]]()
+    if kind == "list":
+        return [make(d) for d in desc[1]]
+    if kind == "tuple":
+        return tuple(make(d) for d in desc[1])
+    if kind == "dict":
+        return {k: make(d) for k, d in desc[1].items()}
+    return build(desc, True)
+
+
+def _types(tree: object) -> list[object]:
+    """The node and leaf types of `tree`, walking into modules (an array is "array":
+    jax.jit gives jax arrays back for numpy ones, as for any pytree)."""
+    is_module = lambda x: isinstance(x, eqx.Module)
+    out = []
+    for x in jax.tree_util.tree_leaves(tree, is_leaf=is_module):
+        out.append("array" if eqx.is_array(x) else type(x))
+        if is_module(x):
+            out += _types([getattr(x, f) for f in x.__dataclass_fields__])
+    return out
+
+
+def _same_value(a: object, b: object) -> None:
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    assert _types(a) == _types(b)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        if eqx.is_array(x):
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert x is y or (type(x) is type(y) and x == y)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nests, nests)
+def test_every_attribute_has_the_treedef_of_its_value_standalone(desc_a, desc_b):
+    value, other = make(desc_a), make(desc_b)
+    model = Box(value, other)
+    assert model.value is value and model.other is other
+    rebuilt = jax.tree_util.tree_map(lambda x: x, model)
+    returned = jax.jit(lambda m: m)(model)
+    for made in (rebuilt, returned):
+        _same_value(made.value, value)
+        _same_value(made.other, other)
+    # Equal values in two models give equal treedefs.
+    again = Box(make(desc_a), make(desc_b))
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(model)
+
+
+class Two(asx.AutoModule):
+    a: list
+    b: list
+    d: dict
+
+
+class EqxTwo(eqx.Module):
+    a: list
+    b: list
+    d: dict
+
+
+class Other(asx.AutoModule):
+    c: list
+
+
+def _two(cls):
+    return cls(
+        [jnp.ones(2), jnp.zeros(2)],
+        [jnp.full(2, 2.0), jnp.full(2, 3.0)],
+        {"w": jnp.ones(3), "b": jnp.zeros(3)},
+    )
+
+
+def test_two_fields_combine_as_with_eqx_module():
+    for cls in (Two, EqxTwo):
+        m = _two(cls)
+        summed = jax.tree_util.tree_map(lambda x, y: x + y, m.a, m.b)
+        np.testing.assert_allclose(summed[1], 3.0)
+        picked = jax.jit(lambda p, m: jax.lax.cond(p, lambda: m.a, lambda: m.b))(
+            False, m
+        )
+        np.testing.assert_allclose(picked[0], 2.0)
+
+        def step(carry, _, m=m):
+            return jax.tree_util.tree_map(lambda x, y: x + y, carry, m.b), None
+
+        out, _ = jax.lax.scan(step, m.a, length=2)
+        np.testing.assert_allclose(out[0], 5.0)
+        plain = {"w": jnp.ones(3), "b": jnp.ones(3)}
+        with_plain = jax.tree_util.tree_map(lambda x, y: x - y, m.d, plain)
+        assert type(with_plain) is dict
+        np.testing.assert_allclose(with_plain["b"], -1.0)
+
+
+def test_two_classes_with_equal_values_have_equal_attribute_treedefs():
+    m, o = _two(Two), Other([jnp.ones(2), jnp.zeros(2)])
+    assert jax.tree_util.tree_structure(m.a) == jax.tree_util.tree_structure(o.c)
+    after = jax.tree_util.tree_map(lambda x: x, (m, o))
+    assert jax.tree_util.tree_structure(after[0].a) == (
+        jax.tree_util.tree_structure(after[1].c)
+    )

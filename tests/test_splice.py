@@ -1,0 +1,135 @@
+"""eqx.filter / eqx.partition / eqx.combine splice AutoModules as they splice
+eqx.Modules: the non-array values go to the static half, so one model's arrays
+combine with another's non-arrays. Each case side by side with the eqx.Module twin."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import autostatic as asx
+
+from .helpers import keystrs
+
+
+def _fields(base: type) -> type:
+    class Model(base):
+        linear: eqx.nn.Linear
+        layers: list
+        activation: Callable
+        depth: int
+        dropout: eqx.nn.Dropout
+
+        def __call__(self, x):
+            x = self.activation(self.linear(x))
+            for layer in self.layers:
+                x = layer(x) if callable(layer) else x * layer
+            return x * self.depth
+
+    return Model
+
+
+Auto, Eqx = _fields(asx.AutoModule), _fields(eqx.Module)
+
+
+def make(cls: type, activation: Callable, seed: int) -> Any:
+    key = jax.random.key(seed)
+    return cls(
+        eqx.nn.Linear(2, 2, key=key),
+        [eqx.nn.Linear(2, 2, key=jax.random.fold_in(key, 1)), activation, 3.0],
+        activation,
+        2,
+        eqx.nn.Dropout(0.1),
+    )
+
+
+def _identity(x):
+    return x
+
+
+@pytest.mark.parametrize("cls", [Auto, Eqx], ids=["autostatic", "eqx"])
+def test_arrays_of_one_model_with_the_non_arrays_of_another(cls):
+    new, old = make(cls, jax.nn.relu, 1), make(cls, _identity, 0)
+    spliced = eqx.combine(
+        eqx.filter(new, eqx.is_array), eqx.filter(old, eqx.is_array, inverse=True)
+    )
+    assert type(spliced) is cls and type(spliced.linear) is eqx.nn.Linear
+    assert spliced.activation is _identity and spliced.layers[1] is _identity
+    np.testing.assert_array_equal(spliced.linear.weight, new.linear.weight)
+    np.testing.assert_array_equal(spliced.layers[0].bias, new.layers[0].bias)
+    x = jnp.ones(2)
+    expected = old.depth * (new.layers[0](new.linear(x))) * 3.0
+    np.testing.assert_allclose(spliced(x), expected, rtol=1e-6)
+
+
+def test_static_half_holds_the_non_arrays_as_eqx_module_s_does():
+    auto, ref = make(Auto, jax.nn.relu, 0), make(Eqx, jax.nn.relu, 0)
+    arrays, rest = eqx.partition(auto, eqx.is_array)
+    ref_arrays, ref_rest = eqx.partition(ref, eqx.is_array)
+    assert keystrs(rest) == keystrs(ref_rest)
+    assert jax.tree_util.tree_leaves(rest) == jax.tree_util.tree_leaves(ref_rest)
+    assert rest.linear.weight is None and rest.activation is jax.nn.relu
+    assert keystrs(arrays) == keystrs(eqx.filter(ref_arrays, eqx.is_array))
+    # The array half has the model's own treedef: that of its gradients.
+    assert jax.tree_util.tree_structure(arrays) == jax.tree_util.tree_structure(auto)
+    again = eqx.combine(arrays, rest)
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(auto)
+    assert again.activation is jax.nn.relu and eqx.tree_equal(again, auto)
+    # Either order, as with eqx.Module.
+    assert eqx.tree_equal(eqx.combine(rest, arrays), auto)
+
+
+def test_the_static_half_can_be_a_static_argument_of_plain_jit():
+    model = make(Auto, jax.nn.relu, 0)
+    arrays, rest = eqx.partition(model, eqx.is_array)
+    run = jax.jit(lambda a, r, x: eqx.combine(a, r)(x), static_argnums=1)
+    np.testing.assert_allclose(run(arrays, rest, jnp.ones(2)), model(jnp.ones(2)))
+
+
+def test_the_optax_loop_of_equinox_s_docs_runs_unchanged():
+    model = make(Auto, jax.nn.relu, 0)
+    optimiser = optax.adam(1e-2)
+    state = optimiser.init(eqx.filter(model, eqx.is_inexact_array))
+
+    @eqx.filter_jit
+    def step(model, state, x):
+        grads = eqx.filter_grad(lambda m: jnp.sum(m(x)))(model)
+        updates, state = optimiser.update(
+            grads, state, eqx.filter(model, eqx.is_inexact_array)
+        )
+        return eqx.apply_updates(model, updates), state
+
+    for _ in range(2):
+        model, state = step(model, state, jnp.ones(2))
+    assert type(model) is Auto and model.activation is jax.nn.relu
+    # And with plain jax.jit and jax.grad.
+    grads = jax.jit(jax.grad(lambda m: jnp.sum(m(jnp.ones(2)))))(model)
+    updates, state = optimiser.update(grads, state, model)
+    assert type(eqx.apply_updates(model, updates)) is Auto
+
+
+def test_a_pytree_filter_spec_trains_the_last_layer():
+    model = make(Auto, jax.nn.relu, 0)
+    spec = jax.tree_util.tree_map(lambda _: False, model)
+    spec = eqx.tree_at(
+        lambda t: (t.layers[0].weight, t.layers[0].bias), spec, replace=(True, True)
+    )
+    trainable, frozen = eqx.partition(model, spec)
+    grads = jax.grad(lambda t: jnp.sum(eqx.combine(t, frozen)(jnp.ones(2))))(trainable)
+    assert grads.linear.weight is None and grads.layers[0].weight.shape == (2, 2)
+
+
+def test_filter_keeps_declared_static_fields_out_of_reach():
+    class Marked(asx.AutoModule):
+        w: jax.Array
+        size: int = eqx.field(static=True)
+        tag: str = "t"
+
+    model = Marked(jnp.ones(2), 3)
+    rest = eqx.filter(model, eqx.is_array, inverse=True)
+    assert keystrs(rest) == [".tag"] and rest.size == 3
