@@ -11,6 +11,10 @@ from ._diagnostics import (
 from ._eqx_format import load_eqx as load_eqx
 from ._module import AutoModule as AutoModule
 from ._safetensors import CheckpointError as CheckpointError
+from ._serialisation import (
+    tree_deserialise_leaves as tree_deserialise_leaves,
+    tree_serialise_leaves as tree_serialise_leaves,
+)
 from ._splice import (
     combine as combine,
     filter as filter,  # Equinox's name

@@ -22,6 +22,7 @@ from typing import Any
 import equinox as eqx
 import equinox._filters as _eqx_filters
 import equinox._module._module as _eqx_module
+import equinox._serialisation as _eqx_serialisation
 import equinox._tree as _eqx_tree
 import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
@@ -83,10 +84,16 @@ def _check_equinox() -> None:
             "eqx.tree_inference are not the functions of equinox._tree and "
             "equinox.nn._inference"
         )
-    for name in ("filter", "partition", "combine"):
+    for module, name in (
+        (_eqx_filters, "filter"),
+        (_eqx_filters, "partition"),
+        (_eqx_filters, "combine"),
+        (_eqx_serialisation, "tree_serialise_leaves"),
+        (_eqx_serialisation, "tree_deserialise_leaves"),
+    ):
         public = getattr(eqx, name, None)
-        if getattr(public, "__wrapped__", public) is not getattr(_eqx_filters, name, 0):
-            problems.append(f"eqx.{name} is not equinox._filters.{name}")
+        if getattr(public, "__wrapped__", public) is not getattr(module, name, 0):
+            problems.append(f"eqx.{name} is not {module.__name__}.{name}")
     if problems:
         raise ImportError(
             "autostatic cannot work with the installed equinox: "
@@ -198,6 +205,20 @@ def route_splice(
     eqx.filter = filter
     eqx.partition = partition
     eqx.combine = combine
+
+
+original_tree_serialise_leaves: Callable[..., Any] = eqx.tree_serialise_leaves
+original_tree_deserialise_leaves: Callable[..., Any] = eqx.tree_deserialise_leaves
+
+
+def route_serialisation(
+    serialise: Callable[..., Any], deserialise: Callable[..., Any]
+) -> None:
+    """Makes `eqx.tree_serialise_leaves` and `eqx.tree_deserialise_leaves` these."""
+    serialise.__wrapped__ = original_tree_serialise_leaves  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
+    deserialise.__wrapped__ = original_tree_deserialise_leaves  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
+    eqx.tree_serialise_leaves = serialise
+    eqx.tree_deserialise_leaves = deserialise
 
 
 def saved_by_tree_serialise_leaves(leaf: Any) -> bool:

@@ -1,0 +1,67 @@
+"""`eqx.tree_serialise_leaves` and `eqx.tree_deserialise_leaves` on AutoModules.
+
+Equinox writes every leaf its filter spec accepts, in flatten order: for an
+`eqx.Module` without static markers that includes the Python ints and floats of its
+fields. An AutoModule keeps those in its aux data, so both functions are routed to
+work on the exposed form (`_partition.expose`, declared-static fields kept static):
+the leaves Equinox sees are then those of the same model written as an
+`eqx.Module`, and the files are the same, byte for byte, in both directions. A
+loaded tree has its partition decided afresh from the values read.
+
+A filter spec that is a pytree (a prefix of functions) is applied by Equinox to the
+AutoModule as it is: to its arrays.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+
+from ._compat import (
+    original_tree_deserialise_leaves,
+    original_tree_serialise_leaves,
+    route_serialisation,
+)
+from ._layout import has_partition
+from ._partition import expose, refreeze
+
+
+def _holds_modules(tree: Any, filter_spec: Any) -> bool:
+    return jtu.treedef_is_leaf(jtu.tree_structure(filter_spec)) and any(
+        map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition))
+    )
+
+
+def tree_serialise_leaves(
+    path_or_file: Any,
+    pytree: Any,
+    filter_spec: Any = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> None:
+    kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
+    if _holds_modules(pytree, filter_spec):
+        pytree = expose(pytree, keep_declared_static=True)
+    original_tree_serialise_leaves(path_or_file, pytree, is_leaf=is_leaf, **kwargs)
+
+
+def tree_deserialise_leaves(
+    path_or_file: Any,
+    like: Any,
+    filter_spec: Any = None,
+    is_leaf: Callable[[Any], bool] | None = None,
+) -> Any:
+    kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
+    if not _holds_modules(like, filter_spec):
+        return original_tree_deserialise_leaves(
+            path_or_file, like, is_leaf=is_leaf, **kwargs
+        )
+    exposed = expose(like, keep_declared_static=True)
+    loaded = original_tree_deserialise_leaves(
+        path_or_file, exposed, is_leaf=is_leaf, **kwargs
+    )
+    return refreeze(loaded)
+
+
+tree_serialise_leaves.__doc__ = original_tree_serialise_leaves.__doc__
+tree_deserialise_leaves.__doc__ = original_tree_deserialise_leaves.__doc__
+route_serialisation(tree_serialise_leaves, tree_deserialise_leaves)
