@@ -23,6 +23,7 @@ No record holds a field's name or path: equal values give equal treedefs whereve
 they sit.
 """
 
+import copy
 import dataclasses
 import types
 import weakref
@@ -375,23 +376,28 @@ def _is_none(x: Any) -> bool:
 
 
 class _Unseen:
-    """Holds what a record needs but need not compare: it is fixed by the rest of
-    the record and the node's children. One object per value (`_unseen`), so a
-    comparison is an identity check."""
+    """What a `Holes` record needs but need not compare, all fixed by the rest of
+    the record and the node's children: the value's treedef outside twins and
+    AutoModules (`list` or `tuple` for a flat one), where its holes are among its
+    leaves, and their key paths. One object per value (`_unseen`), so a comparison
+    is an identity check."""
 
-    __slots__ = ("value",)
+    __slots__ = ("treedef", "at", "paths")
 
-    def __init__(self, value: Any):
-        self.value = value
+    def __init__(self, treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]):
+        self.treedef, self.at, self.paths = treedef, at, paths
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.treedef, self.at)
 
     def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is _Unseen and self.value == other.value)
+        return self is other or (type(other) is _Unseen and self._key() == other._key())
 
     def __hash__(self) -> int:
-        return hash(self.value)
+        return hash(self._key())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_Unseen, (self.value,))
+        return (_Unseen, (self.treedef, self.at, self.paths))
 
 
 class Holes(tuple):
@@ -408,7 +414,7 @@ class Holes(tuple):
         """The attribute value of `child`: its holes filled again. A child whose
         structure a tree_map with `is_leaf` changed is kept as it is."""
         _, _, _, twinned, unseen, *leaves = self
-        treedef, at = unseen.value
+        treedef, at = unseen.treedef, unseen.at
         if type(treedef) is type:  # a flat list or tuple: its items are the parts
             if type(child) is not treedef:
                 return self._slow_value(child)
@@ -428,14 +434,45 @@ class Holes(tuple):
         return untwin(value) if twinned else value
 
     def _slow_value(self, child: Any) -> Any:
-        count, positions, _, twinned, _, *leaves = self
-        parts, treedef = jtu.tree_flatten(child, is_leaf=_is_none)
-        if len(parts) != count:
-            return child
-        for i, leaf in zip(positions, leaves):
-            parts[i] = _natural_leaf(leaf)
-        value = treedef.unflatten(parts)
+        """For a child whose structure changed inside (`make_with_state` rewrote a
+        `StateIndex` in a module of it): each hole filled by its key path; a hole
+        whose path is gone stays `None`."""
+        _, _, _, twinned, unseen, *leaves = self
+        value = child
+        for path, leaf in zip(unseen.paths, leaves):
+            value = _set_at(value, path, _natural_leaf(leaf))
         return untwin(value) if twinned else value
+
+
+def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """`tree` with `value` at key path `path` (a copy of each node on the way); the
+    tree as it is if the path leads nowhere."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    try:
+        if isinstance(key, jtu.SequenceKey):
+            items = list(tree)
+            items[key.idx] = _set_at(items[key.idx], rest, value)
+            return items if type(tree) is list else type(tree)(items)
+        if isinstance(key, jtu.DictKey):
+            new = copy.copy(tree)
+            new[key.key] = _set_at(tree[key.key], rest, value)
+            return new
+        if isinstance(key, jtu.GetAttrKey):
+            item = _set_at(getattr(tree, key.name), rest, value)
+            if isinstance(tree, tuple):  # a namedtuple
+                return tree._replace(**{key.name: item})  # pyright: ignore[reportAttributeAccessIssue]  # a namedtuple
+            new = _object_new(type(tree))
+            attrs = _object_getattribute(new, "__dict__")
+            attrs.update(_object_getattribute(tree, "__dict__"))
+            attrs[key.name] = item
+            return new
+        children, node = jtu.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+        children[key.key] = _set_at(children[key.key], rest, value)
+        return node.unflatten(children)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return tree
 
 
 # One `_Unseen` per whole-value treedef and hole positions, so that the records of
@@ -443,14 +480,14 @@ class Holes(tuple):
 _unseens: "dict[tuple[Any, tuple[int, ...]], _Unseen]" = {}
 
 
-def _unseen(treedef: Any, at: tuple[int, ...]) -> _Unseen:
+def _unseen(treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]) -> _Unseen:
     key = (treedef, at)
     try:
         return _unseens[key]
     except KeyError:
         if len(_unseens) >= 4096:  # bounded: the structures of a few models
             _unseens.clear()
-        return _unseens.setdefault(key, _Unseen(key))
+        return _unseens.setdefault(key, _Unseen(treedef, at, paths))
 
 
 _MARK: Final = object()  # stands in a hole while its position is found
@@ -466,8 +503,9 @@ def punch(
     positions = tuple(i for i, x in enumerate(parts) if x is _MARK)
     # Filled back in through the containers only: twins and AutoModules, which
     # hold no hole, stay the very objects of the child.
-    outer_parts, outer = jtu.tree_flatten(marked, is_leaf=has_partition)
-    at = tuple(i for i, x in enumerate(outer_parts) if x is _MARK)
+    keyed, outer = jtu.tree_flatten_with_path(marked, is_leaf=has_partition)
+    at = tuple(i for i, (_, x) in enumerate(keyed) if x is _MARK)
+    paths = tuple(path for path, x in keyed if x is _MARK)
     kind = type(marked)
     if (kind is list or kind is tuple) and outer.num_nodes == len(marked) + 1:
         outer = kind  # every item a leaf there: filled back in item by item
@@ -475,7 +513,7 @@ def punch(
     static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
     types = interned(tuple(map(type, static)))
     positions = interned(positions)
-    record = (len(parts), positions, types, twinned, _unseen(outer, at), *static)
+    record = (len(parts), positions, types, twinned, _unseen(outer, at, paths), *static)
     return child, interned(Holes(record))
 
 

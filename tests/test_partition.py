@@ -486,3 +486,50 @@ def nested_lists(depth: int, bottom: list) -> list:
     for _ in range(depth):
         nest = [nest]
     return nest
+
+
+class _UnportedBlock(eqx.Module):
+    """A user's eqx.Module kept during a migration: state and a function inside."""
+
+    norm: eqx.nn.BatchNorm
+    activation: Any
+
+    def __init__(self):
+        self.norm = eqx.nn.BatchNorm(3, "batch", mode="batch")
+        self.activation = jax.nn.relu
+
+
+class _WithUnported(asx.AutoModule):
+    layers: list
+
+    def __init__(self, key):
+        self.layers = [eqx.nn.Linear(3, 3, key=key), jax.nn.gelu, _UnportedBlock()]
+
+
+class _EqxWithUnported(eqx.Module):
+    layers: list
+    __init__ = _WithUnported.__init__
+
+
+def test_static_leaves_survive_make_with_state_rewriting_a_module_inside():
+    """make_with_state changes the structure inside the unported block (its
+    StateIndex); the function beside it and the one inside it stay in place."""
+
+    def run(m, xs, state):
+        def one(x, s):
+            x = m.layers[1](m.layers[0](x))
+            y, s = m.layers[2].norm(x, s)
+            return m.layers[2].activation(y), s
+
+        return jax.vmap(one, (0, None), (0, None), axis_name="batch")(xs, state)
+
+    xs = jax.random.normal(KEY, (4, 3))
+    model, state = eqx.nn.make_with_state(_WithUnported)(KEY)
+    ref, ref_state = eqx.nn.make_with_state(_EqxWithUnported)(KEY)
+    assert model.layers[1] is jax.nn.gelu
+    assert model.layers[2].activation is jax.nn.relu
+    out, _ = jax.jit(run)(model, xs, state)
+    expected, _ = eqx.filter_jit(run)(ref, xs, ref_state)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    again = jax.tree_util.tree_map(lambda x: x, model)
+    assert again.layers[1] is jax.nn.gelu and again.layers[2].activation is jax.nn.relu
