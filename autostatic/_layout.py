@@ -23,11 +23,13 @@ No record holds a field's name or path: equal values give equal treedefs whereve
 they sit.
 """
 
+import contextlib
 import copy
 import dataclasses
+import threading
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
@@ -420,7 +422,7 @@ class Holes(tuple):
                 return self._slow_value(child)
             parts = list(child)
             if twinned:
-                parts = [real_layer(x) if type(x) in twin_classes else x for x in parts]
+                parts = untwin(parts)
             for i, leaf in zip(at, leaves):
                 parts[i] = _natural_leaf(leaf)
             return parts if treedef is list else tuple(parts)
@@ -553,9 +555,27 @@ def _real_if_twin(x: Any) -> Any:
     return real_layer(x) if type(x) in twin_classes else x
 
 
+_surgery = threading.local()  # .keeps_twins: inside `twins_as_attributes`
+
+
+@contextlib.contextmanager
+def twins_as_attributes() -> Iterator[None]:
+    """While active (in this thread), instances filled in from their partition hold
+    the twins themselves: what `eqx.tree_at`'s `where` finds is then a node of the
+    pytree. Only for trees made for the surgery and discarded after it."""
+    before = getattr(_surgery, "keeps_twins", False)
+    _surgery.keeps_twins = True
+    try:
+        yield
+    finally:
+        _surgery.keeps_twins = before
+
+
 def untwin(value: Any, met: list[Any] | None = None) -> Any:
     """`value` with every twin reachable through built-in containers replaced by its
     layer: what the attribute holds. The containers met are added to `met`."""
+    if getattr(_surgery, "keeps_twins", False):
+        return walk(value, (), None, met)
     return walk(value, (), _real_if_twin, met)
 
 

@@ -138,6 +138,12 @@ def _to_twin(item: Any) -> Any:
     return twin
 
 
+def twinned(value: Any) -> Any:
+    """`value` with each `eqx.nn` layer reachable through built-in containers as its
+    twin: what an AutoModule's child holds in its place."""
+    return walk(value, ("replacement",), _to_twin, None)
+
+
 def _check_leaves(
     where: str, value: Any, leaves: list[Any], flags: list[bool], warn: bool
 ) -> None:

@@ -19,8 +19,9 @@ from typing import Any
 import jax.tree_util as jtu
 
 from ._compat import original_inference_mode, original_tree_at, route_surgery
-from ._layout import has_partition
-from ._partition import expose, is_dynamic_leaf, refreeze
+from ._layout import has_partition, real_layer, twins_as_attributes
+from ._partition import expose, is_dynamic_leaf, refreeze, twinned
+from ._twins import is_twin
 
 _sentinel: Any = object()
 
@@ -89,6 +90,18 @@ def tree_at(
     return refreeze(original_tree_at(where, expose(pytree), is_leaf=is_leaf, **kwargs))
 
 
+def _twins_for(targets: Any, replace: Any) -> Any:
+    """`replace` with each replacement of a twin target twinned, so the result has
+    the structure of a model built with it."""
+    if is_twin(targets):
+        return twinned(replace)
+    if isinstance(targets, (tuple, list)) and isinstance(replace, (tuple, list)):
+        return type(replace)(
+            twinned(r) if is_twin(t) else r for t, r in zip(targets, replace)
+        )
+    return replace
+
+
 def _routed_tree_at(
     where: Callable[[Any], Any],
     pytree: Any,
@@ -96,35 +109,50 @@ def _routed_tree_at(
     replace_fn: Callable[[Any], Any] = _sentinel,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
-    """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules and
-    a target is static or a replacement is not arrays only; then `tree_at`."""
+    """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules.
+    Then Equinox's own still, on a copy of the tree whose attributes give the twins
+    of its layers (so a layer `where` points at is a node of the pytree), unless a
+    target is static or a replacement is not arrays only; then `tree_at`."""
+    if not _contains_automodule(pytree):
+        kwargs = _replacements(replace, replace_fn)
+        return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
     arrays_only = replace is _sentinel or _arrays_only(replace)
-    targets = _targets(where, pytree)
+
+    def where_in_pytree(tree: Any) -> Any:
+        with twins_as_attributes():
+            return where(tree)
+
+    copied = jtu.tree_map(lambda x: x, pytree)
+    targets = _targets(where_in_pytree, copied)
     user_replace_fn = replace_fn
 
     def checked_replace_fn(node: Any) -> Any:
         nonlocal arrays_only
-        new = user_replace_fn(node)
+        if is_twin(node):
+            new = twinned(user_replace_fn(real_layer(node)))
+        else:
+            new = user_replace_fn(node)
         arrays_only = arrays_only and _arrays_only(new)
         return new
 
     if replace_fn is not _sentinel:
         replace_fn = checked_replace_fn
+    user_replace = replace
+    if replace is not _sentinel and targets is not _sentinel:
+        replace = _twins_for(targets, replace)
     kwargs = _replacements(replace, replace_fn)
     try:
-        out = original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
+        out = original_tree_at(where_in_pytree, copied, is_leaf=is_leaf, **kwargs)
     except (TypeError, ValueError) as err:
         # A static target is not a node of the tree: Equinox says it is not a leaf.
-        if not _contains_automodule(pytree):
-            raise
         try:
-            return tree_at(where, pytree, replace, replace_fn, is_leaf)
+            return tree_at(where, pytree, user_replace, user_replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if arrays_only or not _holds_arrays(targets) or not _contains_automodule(pytree):
+    if arrays_only or not _holds_arrays(targets):
         return out
     # A non-array now sits where only arrays may be children: decide it afresh.
-    return tree_at(where, pytree, replace, replace_fn, is_leaf)
+    return tree_at(where, pytree, user_replace, user_replace_fn, is_leaf)
 
 
 def inference_mode(pytree: Any, value: bool = True) -> Any:
