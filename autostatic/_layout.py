@@ -421,8 +421,8 @@ class Holes(tuple):
             if type(child) is not treedef:
                 return self._slow_value(child)
             parts = list(child)
-            if twinned:
-                parts = untwin(parts)
+            if twinned and not getattr(_surgery, "keeps_twins", False):
+                parts = [real_layer(x) if type(x) in twin_classes else x for x in parts]
             for i, leaf in zip(at, leaves):
                 parts[i] = _natural_leaf(leaf)
             return parts if treedef is list else tuple(parts)

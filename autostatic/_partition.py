@@ -282,7 +282,7 @@ def _decide(obj: Any, final: bool) -> Flat:
         except KeyError:
             # A default that a custom __init__ left alone, or, while __init__ is
             # still running, a field not yet set.
-            value = spec.defaults.get(name, MISSING)
+            value = _unset_value(cls, name, spec.defaults)
             if final and value is not MISSING:
                 attrs[name] = value  # so that flatten finds every field in place
         values.append(value)
@@ -311,6 +311,19 @@ def _decide(obj: Any, final: bool) -> Flat:
     layout = layout_for(cls, tuple(kinds))
     watch = None if spec.twin else Watch(tuple(values), met)
     return tuple(children), make_aux(layout, tuple(entries)), watch
+
+
+def _unset_value(cls: type, name: str, defaults: dict[str, Any]) -> Any:
+    """What reading a field that `__init__` left unset gives: a class attribute of
+    that name (a subclass's `config = [...]` over its base's abstract property),
+    else the dataclass default."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            if not hasattr(type(value), "__get__"):
+                return value
+            break
+    return defaults.get(name, MISSING)
 
 
 def freeze_partition(obj: Any) -> None:

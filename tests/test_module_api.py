@@ -537,3 +537,24 @@ def test_reserved_names_are_refused_with_the_name(name):
         type(asx.AutoModule)(
             "Bad", (asx.AutoModule,), {"__annotations__": {name: int, "w": jax.Array}}
         )
+
+
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module], ids=["auto", "eqx"])
+def test_a_class_attribute_over_an_abstract_property_is_the_field_value(base):
+    class AbstractBase(base):
+        config: list = eqx.field(static=True)
+
+        @property
+        @abc.abstractmethod
+        def config(self):  # noqa: F811  # the field's abstract accessor
+            pass
+
+    class Concrete(AbstractBase):
+        config = ["a", "b"]  # noqa: RUF012  # overrides the base property, as in Equinox
+
+        def __init__(self):
+            pass
+
+    model = Concrete()
+    assert model.config == ["a", "b"]
+    assert jax.jit(lambda m: jnp.asarray(len(m.config)))(model) == 2
