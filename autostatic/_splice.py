@@ -74,7 +74,7 @@ def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
         return has_partition(x) or (is_leaf is not None and is_leaf(x))
 
     def each(x: Any) -> Any:
-        if has_partition(x):
+        if has_partition(x) and not (is_leaf is not None and is_leaf(x)):
             return _filter_node(x, keep, replace, is_leaf)
         return x if keep(x) else replace
 

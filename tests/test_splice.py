@@ -133,3 +133,19 @@ def test_filter_keeps_declared_static_fields_out_of_reach():
     model = Marked(jnp.ones(2), 3)
     rest = eqx.filter(model, eqx.is_array, inverse=True)
     assert keystrs(rest) == [".tag"] and rest.size == 3
+
+
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module], ids=["auto", "eqx"])
+def test_is_leaf_stops_the_filter_at_a_module(base):
+    # Equinox's own test of `is_leaf`: the spec sees the whole module.
+    class Holder(base):
+        value: Any
+
+    def spec(x):
+        return x.value == 1 if isinstance(x, Holder) else True
+
+    tree = [Holder(1), Holder(2), 3]
+    is_holder = lambda x: isinstance(x, Holder)
+    assert eqx.filter(tree, spec, is_leaf=is_holder) == [Holder(1), None, 3]
+    kept, rest = eqx.partition(tree, spec, is_leaf=is_holder)
+    assert kept == [Holder(1), None, 3] and rest == [None, Holder(2), None]
