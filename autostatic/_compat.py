@@ -15,6 +15,7 @@ fails loudly at import instead of misbehaving later.
 """
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,14 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
 
 
+def _unwrap(function: Any) -> Any:
+    """`function` without the wrappers around it (`__wrapped__` chains)."""
+    try:
+        return inspect.unwrap(function) if callable(function) else function
+    except ValueError:  # a cycle of __wrapped__
+        return function
+
+
 def _check_equinox() -> None:
     version = _version_tuple(eqx.__version__)
     lower, upper = SUPPORTED_EQUINOX
@@ -58,26 +67,27 @@ def _check_equinox() -> None:
     ):
         if not hasattr(_eqx_module, name):
             problems.append(f"equinox._module._module.{name} is missing")
-    meta_call = vars(getattr(_eqx_module, "_ModuleMeta", type)).get("__call__")
+    # Unwrapped throughout: a type-checking import hook (jaxtyping + beartype, as
+    # Equinox's own test suite runs) wraps Equinox's functions; our routed names
+    # wrap them too (the check runs again in tests, after routing).
+    meta_call = _unwrap(vars(getattr(_eqx_module, "_ModuleMeta", type)).get("__call__"))
     call_consts = getattr(getattr(meta_call, "__code__", None), "co_consts", ())
     if _UNSET_FIELD_MESSAGE_END not in call_consts:
         problems.append("_ModuleMeta.__call__ no longer reports unset fields as before")
-    meta_new = getattr(getattr(_eqx_module, "_ModuleMeta", None), "__new__", None)
+    meta_new = _unwrap(
+        getattr(getattr(_eqx_module, "_ModuleMeta", None), "__new__", None)
+    )
     code_names = getattr(getattr(meta_new, "__code__", None), "co_names", ())
     for name in ("generate_flatten_functions", "register_pytree_with_keys"):
         if name not in code_names:
             problems.append(f"_ModuleMeta.__new__ no longer calls {name}")
-    # Unwrapped: `route_surgery` may already have run (the check runs again in tests).
-    tree_at = getattr(eqx.tree_at, "__wrapped__", eqx.tree_at)
-    inference_mode = getattr(_eqx_nn.inference_mode, "__wrapped__", None)
-    inference_mode = inference_mode or _eqx_nn.inference_mode
-    shared_tree_at = getattr(_eqx_shared, "tree_at", None)
-    shared_tree_at = getattr(shared_tree_at, "__wrapped__", shared_tree_at)
+    tree_at = _unwrap(eqx.tree_at)
+    inference_mode = _unwrap(_eqx_nn.inference_mode)
     if not (
-        tree_at is getattr(_eqx_tree, "tree_at", None)
-        and shared_tree_at is tree_at
-        and inference_mode is getattr(_eqx_inference, "inference_mode", None)
-        and getattr(eqx, "tree_inference", None) is _eqx_nn.inference_mode
+        tree_at is _unwrap(getattr(_eqx_tree, "tree_at", None))
+        and _unwrap(getattr(_eqx_shared, "tree_at", None)) is tree_at
+        and inference_mode is _unwrap(getattr(_eqx_inference, "inference_mode", None))
+        and _unwrap(getattr(eqx, "tree_inference", None)) is inference_mode
     ):
         problems.append(
             "eqx.tree_at / equinox.nn._shared.tree_at / eqx.nn.inference_mode / "
@@ -91,8 +101,7 @@ def _check_equinox() -> None:
         (_eqx_serialisation, "tree_serialise_leaves"),
         (_eqx_serialisation, "tree_deserialise_leaves"),
     ):
-        public = getattr(eqx, name, None)
-        if getattr(public, "__wrapped__", public) is not getattr(module, name, 0):
+        if _unwrap(getattr(eqx, name, None)) is not _unwrap(getattr(module, name, 0)):
             problems.append(f"eqx.{name} is not {module.__name__}.{name}")
     if problems:
         raise ImportError(

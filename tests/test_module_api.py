@@ -4,6 +4,8 @@ import abc
 import copy
 import dataclasses
 import pickle
+import subprocess
+import sys
 from typing import Any
 
 import equinox as eqx
@@ -558,3 +560,28 @@ def test_a_class_attribute_over_an_abstract_property_is_the_field_value(base):
     model = Concrete()
     assert model.config == ["a", "b"]
     assert jax.jit(lambda m: jnp.asarray(len(m.config)))(model) == 2
+
+
+def test_works_when_equinox_is_type_checked_by_an_import_hook():
+    """Equinox's own test suite imports equinox through jaxtyping's import hook with
+    beartype, which wraps its functions: the import-time checks look through the
+    wrappers."""
+    code = (
+        "import beartype, jax, jax.numpy as jnp\n"
+        "from jaxtyping import install_import_hook\n"
+        "conf = 'beartype.beartype(conf=beartype.BeartypeConf("
+        "strategy=beartype.BeartypeStrategy.On))'\n"
+        "with install_import_hook('equinox', conf):\n"
+        "    import equinox as eqx\n"
+        "import autostatic as asx\n"
+        "class M(asx.AutoModule):\n"
+        "    w: object\n"
+        "    f: object\n"
+        "m = M(jnp.ones(2), jax.nn.relu)\n"
+        "print(float(jax.jit(lambda m: m.f(m.w).sum())(m)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "2.0"
