@@ -145,17 +145,18 @@ def twinned(value: Any) -> Any:
 
 
 def _check_leaves(
-    where: str, value: Any, leaves: list[Any], flags: list[bool], warn: bool
+    where: str, flattened: Any, leaves: list[Any], flags: list[bool], warn: bool
 ) -> None:
     """Refuses object arrays; warns of static leaves that hide arrays or cannot be
-    compared."""
+    compared. `leaves` are those of `flattened` (twins in place of layers, whose
+    leaves differ from the layers'), which names their paths."""
     paths = None
     for i, (leaf, flag) in enumerate(zip(leaves, flags)):
         if type(leaf) in SCALAR_TYPES:
             continue
         if flag:
             if type(leaf) is np.ndarray and leaf.dtype.hasobject:
-                path = _leaf_paths(value)[i]
+                path = _leaf_paths(flattened)[i]
                 raise TypeError(
                     f"{where}{path} is a numpy array of dtype {leaf.dtype}, which JAX "
                     "can neither trace nor store. Convert it to a numeric dtype, or "
@@ -167,7 +168,7 @@ def _check_leaves(
         problem = _static_problem(leaf)
         if problem is not None:
             if paths is None:
-                paths = _leaf_paths(value)
+                paths = _leaf_paths(flattened)
             warn_once((where + paths[i], problem), f"{where + paths[i]} {problem}")
 
 
@@ -188,7 +189,7 @@ def _split_field(
         arrays = _plain_array_types
         flags = [type(x) in arrays or is_dynamic_leaf(x) for x in leaves]
     n_dynamic = sum(flags)
-    _check_leaves(where, value, leaves, flags, final)
+    _check_leaves(where, carried, leaves, flags, final)
     if forced_static and n_dynamic:
         raise TypeError(
             f"{where} is marked eqx.field(static=True) but holds "

@@ -142,3 +142,15 @@ def test_an_iterator_as_a_static_value_warns_at_the_user_s_line():
     assert [w.filename for w in ours] == [__file__]  # JAX adds a DeprecationWarning
     with pytest.warns(UserWarning, match=r"Lazy\.items\[0\] is an iterator \(map\)"):
         Lazy([map(str, [1, 2])])
+
+
+def test_paths_behind_a_held_layer_name_the_right_item():
+    """A Dropout flattens to no leaves inside a model (its p and inference are its
+    own static values), so the items after it are named by their own key paths."""
+    with pytest.raises(TypeError, match=r"Holder\.thing\[1\] is a numpy array"):
+        Holder(jnp.ones(1), [eqx.nn.Dropout(0.1), np.array([object()], dtype=object)])
+    with pytest.warns(UserWarning, match=r"Holder\.thing\[2\] holds an array"):
+        Holder(
+            jnp.ones(1),
+            [eqx.nn.Dropout(0.1), jnp.ones(1), ft.partial(jnp.add, jnp.ones(2))],
+        )
