@@ -166,6 +166,14 @@ original_tree_at: Callable[..., Any] = eqx.tree_at
 original_inference_mode: Callable[..., Any] = _eqx_nn.inference_mode
 
 
+def _route(
+    name: str, function: Callable[..., Any], original: Callable[..., Any]
+) -> None:
+    """Makes `eqx.<name>` be `function`, which stands in for Equinox's `original`."""
+    function.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
+    setattr(eqx, name, function)
+
+
 def route_surgery(
     tree_at: Callable[..., Any], inference_mode: Callable[..., Any]
 ) -> None:
@@ -178,15 +186,10 @@ def route_surgery(
     children), and a `from equinox import tree_at` run before autostatic was imported
     keeps Equinox's function.
     """
-    for function, original in (
-        (tree_at, original_tree_at),
-        (inference_mode, original_inference_mode),
-    ):
-        function.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
-    eqx.tree_at = tree_at
+    _route("tree_at", tree_at, original_tree_at)
+    _route("tree_inference", inference_mode, original_inference_mode)
     _eqx_shared.tree_at = tree_at  # pyright: ignore[reportPrivateImportUsage]  # verified at import
     _eqx_nn.inference_mode = inference_mode
-    setattr(eqx, "tree_inference", inference_mode)  # noqa: B010  # not in eqx.__all__
 
 
 original_filter: Callable[..., Any] = eqx.filter
@@ -205,15 +208,9 @@ def route_splice(
     `filter_grad`, ...) keep the functions they imported, whose halves of an
     AutoModule have the module's own treedef, as their gradients need.
     """
-    for function, original in (
-        (filter, original_filter),
-        (partition, original_partition),
-        (combine, original_combine),
-    ):
-        function.__wrapped__ = original  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
-    eqx.filter = filter
-    eqx.partition = partition
-    eqx.combine = combine
+    _route("filter", filter, original_filter)
+    _route("partition", partition, original_partition)
+    _route("combine", combine, original_combine)
 
 
 original_tree_serialise_leaves: Callable[..., Any] = eqx.tree_serialise_leaves
@@ -224,10 +221,8 @@ def route_serialisation(
     serialise: Callable[..., Any], deserialise: Callable[..., Any]
 ) -> None:
     """Makes `eqx.tree_serialise_leaves` and `eqx.tree_deserialise_leaves` these."""
-    serialise.__wrapped__ = original_tree_serialise_leaves  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
-    deserialise.__wrapped__ = original_tree_deserialise_leaves  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
-    eqx.tree_serialise_leaves = serialise
-    eqx.tree_deserialise_leaves = deserialise
+    _route("tree_serialise_leaves", serialise, original_tree_serialise_leaves)
+    _route("tree_deserialise_leaves", deserialise, original_tree_deserialise_leaves)
 
 
 def saved_by_tree_serialise_leaves(leaf: Any) -> bool:

@@ -29,7 +29,7 @@ import dataclasses
 import threading
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
@@ -334,7 +334,7 @@ def _natural_leaf(leaf: Any) -> Any:
     return leaf.value if kind is Compared else leaf
 
 
-def _natural_leaves(leaves: tuple[Any, ...]) -> list[Any]:
+def _natural_leaves(leaves: Iterable[Any]) -> list[Any]:
     return list(map(_natural_leaf, leaves))
 
 
@@ -346,7 +346,7 @@ class StaticTree(tuple):
 
     def value(self) -> Any:
         treedef, _, twinned, *leaves = self
-        value = treedef.unflatten(_natural_leaves(tuple(leaves)))
+        value = treedef.unflatten(_natural_leaves(leaves))
         return untwin(value) if twinned else value
 
 
@@ -358,7 +358,7 @@ class StaticSequence(tuple):
 
     def value(self) -> Any:
         kind, _, *leaves = self
-        return kind(_natural_leaves(tuple(leaves)))
+        return kind(_natural_leaves(leaves))
 
 
 def static_tree(
@@ -403,25 +403,25 @@ class _Unseen:
 
 
 class Holes(tuple):
-    """The non-array leaves of a HOLED field: `(count, positions, leaf types,
-    twinned, unseen, *leaves)`. The child holds `None` in their places; flattened
-    with `None` as a leaf it has `count` leaves, of which `positions` are the holes.
-    `unseen` holds the whole value's treedef (`list` or `tuple` for a flat one)
-    and where the holes are among its leaves (uncompared: the child's treedef and `positions` fix both), which put
-    them back in C."""
+    """The non-array leaves of a HOLED field: `(positions, leaf types, twinned,
+    unseen, *leaves)`. The child holds `None` in their places; flattened with `None`
+    as a leaf, `positions` are the holes among its leaves. `unseen` holds the whole
+    value's treedef (`list` or `tuple` for a flat one), where the holes are among its
+    leaves and their key paths: uncompared, as the child's treedef and `positions`
+    fix them."""
 
     __slots__ = ()
 
     def value(self, child: Any) -> Any:
         """The attribute value of `child`: its holes filled again. A child whose
         structure a tree_map with `is_leaf` changed is kept as it is."""
-        _, _, _, twinned, unseen, *leaves = self
+        _, _, twinned, unseen, *leaves = self
         treedef, at = unseen.treedef, unseen.at
         if type(treedef) is type:  # a flat list or tuple: its items are the parts
             if type(child) is not treedef:
                 return self._slow_value(child)
             parts = list(child)
-            if twinned and not getattr(_surgery, "keeps_twins", False):
+            if twinned and not _keeps_twins():
                 parts = [real_layer(x) if type(x) in twin_classes else x for x in parts]
             for i, leaf in zip(at, leaves):
                 parts[i] = _natural_leaf(leaf)
@@ -439,7 +439,7 @@ class Holes(tuple):
         """For a child whose structure changed inside (`make_with_state` rewrote a
         `StateIndex` in a module of it): each hole filled by its key path; a hole
         whose path is gone stays `None`."""
-        _, _, _, twinned, unseen, *leaves = self
+        _, _, twinned, unseen, *leaves = self
         value = child
         for path, leaf in zip(unseen.paths, leaves):
             value = _set_at(value, path, _natural_leaf(leaf))
@@ -515,7 +515,7 @@ def punch(
     static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
     types = interned(tuple(map(type, static)))
     positions = interned(positions)
-    record = (len(parts), positions, types, twinned, _unseen(outer, at, paths), *static)
+    record = (positions, types, twinned, _unseen(outer, at, paths), *static)
     return child, interned(Holes(record))
 
 
@@ -571,10 +571,14 @@ def twins_as_attributes() -> Iterator[None]:
         _surgery.keeps_twins = before
 
 
+def _keeps_twins() -> bool:
+    return getattr(_surgery, "keeps_twins", False)
+
+
 def untwin(value: Any, met: list[Any] | None = None) -> Any:
     """`value` with every twin reachable through built-in containers replaced by its
     layer: what the attribute holds. The containers met are added to `met`."""
-    if getattr(_surgery, "keeps_twins", False):
+    if _keeps_twins():
         return walk(value, (), None, met)
     return walk(value, (), _real_if_twin, met)
 

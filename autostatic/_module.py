@@ -93,10 +93,11 @@ class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
     Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
     most-derived `__init__` has finished (after converters), every leaf of every field
     is sorted once: arrays (and `jax.ShapeDtypeStruct`s) are pytree children, every
-    other leaf is static aux data, split per leaf inside mixed containers. Lists,
-    dicts and sets are then frozen and the instance is immutable, so plain `jax.jit`,
-    `jax.grad` and `jax.vmap` accept it directly and its key paths are the natural
-    ones (`.layers[0].weight`).
+    other leaf is static aux data, split per leaf inside mixed containers. The
+    attributes stay the values assigned (a list is a `list`, a layer an `eqx.nn`
+    layer) and the instance is immutable; a container changed in place is noticed at
+    the next flatten. Plain `jax.jit`, `jax.grad` and `jax.vmap` accept it directly
+    and its key paths are the natural ones (`.layers[0].weight`).
     """
 
     # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's

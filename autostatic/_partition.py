@@ -14,7 +14,7 @@ layer met becomes its fast twin in the pytree child (`_twins`), and JAX's flatte
 the result gives the leaves: all arrays (or none), the field is a child; none an
 array, its value goes into the aux; both, the child is the value with `None` in each
 non-array leaf's place (`_layout`'s kinds). This module also gives the exposed form
-used by model surgery and diagnostics (`expose`, `refreeze`).
+used by model surgery and diagnostics (`expose`, `decide_again`).
 """
 
 import threading
@@ -416,17 +416,15 @@ def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
     return _map_modules(expose_module, tree)
 
 
-def refreeze(tree: Any) -> Any:
+def decide_again(tree: Any) -> Any:
     """Decides the partition of every AutoModule in `tree` from its current values."""
 
-    def refreeze_module(module: Any) -> Any:
+    def decide_module(module: Any) -> Any:
         cls = type(module)
         if fields_of(cls).twin:
             return module
         attrs = materialise(module)
         names = fields_of(cls).names
-        return decided(
-            cls, ((n, _map_modules(refreeze_module, attrs[n])) for n in names)
-        )
+        return decided(cls, ((n, _map_modules(decide_module, attrs[n])) for n in names))
 
-    return _map_modules(refreeze_module, tree)
+    return _map_modules(decide_module, tree)

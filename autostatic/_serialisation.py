@@ -23,13 +23,19 @@ from ._compat import (
     route_serialisation,
 )
 from ._layout import has_partition
-from ._partition import expose, refreeze
+from ._partition import decide_again, expose
 
 
-def _holds_modules(tree: Any, filter_spec: Any) -> bool:
-    return jtu.treedef_is_leaf(jtu.tree_structure(filter_spec)) and any(
+def _exposed_and_kwargs(tree: Any, filter_spec: Any) -> tuple[Any, dict[str, Any]]:
+    """`tree` as Equinox's functions are to see it, and the filter spec to pass on
+    (Equinox's default unless one was given)."""
+    kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
+    holds_modules = jtu.treedef_is_leaf(jtu.tree_structure(filter_spec)) and any(
         map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition))
     )
+    if holds_modules:
+        tree = expose(tree, keep_declared_static=True)
+    return tree, kwargs
 
 
 def tree_serialise_leaves(
@@ -38,9 +44,7 @@ def tree_serialise_leaves(
     filter_spec: Any = None,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> None:
-    kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
-    if _holds_modules(pytree, filter_spec):
-        pytree = expose(pytree, keep_declared_static=True)
+    pytree, kwargs = _exposed_and_kwargs(pytree, filter_spec)
     original_tree_serialise_leaves(path_or_file, pytree, is_leaf=is_leaf, **kwargs)
 
 
@@ -50,16 +54,12 @@ def tree_deserialise_leaves(
     filter_spec: Any = None,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
-    kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
-    if not _holds_modules(like, filter_spec):
-        return original_tree_deserialise_leaves(
-            path_or_file, like, is_leaf=is_leaf, **kwargs
-        )
-    exposed = expose(like, keep_declared_static=True)
+    exposed, kwargs = _exposed_and_kwargs(like, filter_spec)
     loaded = original_tree_deserialise_leaves(
         path_or_file, exposed, is_leaf=is_leaf, **kwargs
     )
-    return refreeze(loaded)
+    # Decided afresh from the values read (and a tree without modules unchanged).
+    return loaded if exposed is like else decide_again(loaded)
 
 
 tree_serialise_leaves.__doc__ = original_tree_serialise_leaves.__doc__

@@ -20,7 +20,7 @@ import jax.tree_util as jtu
 
 from ._compat import original_inference_mode, original_tree_at, route_surgery
 from ._layout import has_partition, real_layer, twins_as_attributes
-from ._partition import expose, is_dynamic_leaf, refreeze, twinned
+from ._partition import decide_again, expose, is_dynamic_leaf, twinned
 from ._twins import is_twin
 
 _sentinel: Any = object()
@@ -37,9 +37,8 @@ def _decided_or_container(x: Any) -> bool:
 
 def _arrays_only(tree: Any) -> bool:
     """Whether Equinox's own `tree_at` may put `tree` in place as it is: arrays, and
-    modules with a partition of their own. A list, dict or set (frozen or not) must
-    be frozen for its new place (and another field's frozen container carries that
-    field's path and, if mixed, static items the leaves do not show)."""
+    modules with a partition of their own. A list, dict or set must be decided for
+    its new place: the layers in it twinned, its non-array items put in the aux."""
     return all(
         has_partition(x) or is_dynamic_leaf(x)
         for x in jtu.tree_leaves(tree, is_leaf=_decided_or_container)
@@ -87,7 +86,9 @@ def tree_at(
     to what it is.
     """
     kwargs = _replacements(replace, replace_fn)
-    return refreeze(original_tree_at(where, expose(pytree), is_leaf=is_leaf, **kwargs))
+    return decide_again(
+        original_tree_at(where, expose(pytree), is_leaf=is_leaf, **kwargs)
+    )
 
 
 def _twins_for(targets: Any, replace: Any) -> Any:
@@ -161,7 +162,7 @@ def inference_mode(pytree: Any, value: bool = True) -> Any:
     Inside an AutoModule the `inference` flags of `eqx.nn.Dropout`/`BatchNorm` are
     static values, out of `eqx.nn.inference_mode`'s sight; this sets them all.
     """
-    return refreeze(original_inference_mode(expose(pytree), value))
+    return decide_again(original_inference_mode(expose(pytree), value))
 
 
 def _routed_inference_mode(pytree: Any, value: bool = True) -> Any:

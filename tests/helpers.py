@@ -179,9 +179,11 @@ leaf_descs = st.one_of(
         ),
     ),
 )
-descs = st.recursive(
-    leaf_descs,
-    lambda children: st.one_of(
+
+
+def container_descs(children: st.SearchStrategy) -> list[st.SearchStrategy]:
+    """Descriptions of lists, tuples and dicts of `children` (see `build`)."""
+    return [
         st.tuples(st.just("list"), st.lists(children, max_size=3)),
         st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
         st.tuples(
@@ -190,7 +192,13 @@ descs = st.recursive(
                 st.text("xyz", min_size=1, max_size=2), children, max_size=3
             ),
         ),
-        st.tuples(st.just("module"), children, children),
+    ]
+
+
+descs = st.recursive(
+    leaf_descs,
+    lambda children: st.one_of(
+        *container_descs(children), st.tuples(st.just("module"), children, children)
     ),
     max_leaves=10,
 )

@@ -11,7 +11,7 @@ from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
 
-from .helpers import Box, build, descs
+from .helpers import Box, build, container_descs, descs
 
 KEY = jax.random.key(0)
 _LAYERS = {
@@ -23,16 +23,7 @@ _LAYERS = {
 layer_descs = st.tuples(st.just("layer"), st.sampled_from(sorted(_LAYERS)))
 nests = st.recursive(
     st.one_of(descs, layer_descs),
-    lambda children: st.one_of(
-        st.tuples(st.just("list"), st.lists(children, max_size=3)),
-        st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
-        st.tuples(
-            st.just("dict"),
-            st.dictionaries(
-                st.text("xyz", min_size=1, max_size=2), children, max_size=3
-            ),
-        ),
-    ),
+    lambda children: st.one_of(*container_descs(children)),
     max_leaves=8,
 )
 
