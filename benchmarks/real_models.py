@@ -1,4 +1,4 @@
-"""Real models: the models people write, with `eqx.nn` layers inside (issue 11).
+"""Real models: the models people write, with `eqx.nn` layers inside.
 
 Four models, each in three implementations built from the same `eqx.nn` layers:
 

@@ -1,4 +1,4 @@
-"""Benchmark views of the design-exploration notebook (issue 14).
+"""Benchmark views of the design-exploration notebook.
 
 `make_notebook.py` pastes this file into one notebook cell; the cells after it call the
 functions below on the results of one benchmark run. Every number the notebook shows

@@ -1,4 +1,4 @@
-"""Issue 3: bound methods (and modules) as lax.switch/cond/scan branches and bodies."""
+"""Bound methods (and modules) as lax.switch/cond/scan branches and bodies."""
 
 import gc
 

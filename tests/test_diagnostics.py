@@ -1,4 +1,4 @@
-"""Issue 6: explain, retrace_reasons (checked against real trace counts), logged_jit."""
+"""explain, retrace_reasons (checked against real trace counts), logged_jit."""
 
 import logging
 

@@ -1,4 +1,4 @@
-"""Every example runs in its fast mode and shows what it claims (issue 7)."""
+"""Every example runs in its fast mode and shows what it claims."""
 
 import importlib.util
 import sys

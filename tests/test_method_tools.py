@@ -1,4 +1,4 @@
-"""Methods of AutoModule subclasses look like methods to tools (issue 12, item 6):
+"""Methods of AutoModule subclasses look like methods to tools:
 doctest, `inspect`, `help`/pydoc, and autodoc tools (which read `__doc__`,
 `__signature__`, `__wrapped__`, `__qualname__`, `__module__`, `inspect.isroutine`)."""
 

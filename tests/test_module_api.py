@@ -441,7 +441,7 @@ def test_attribute_error_inside_a_property_is_not_masked():
         P(jnp.ones(1)).missing
 
 
-# Bad __init__ patterns get Equinox's errors, not RecursionError (issue 12, item 7).
+# Bad __init__ patterns get Equinox's errors, not RecursionError.
 
 
 def test_assigning_a_bound_method_of_self_is_equinox_s_error():

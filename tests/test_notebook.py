@@ -1,4 +1,4 @@
-"""The design-exploration notebook (issues 7 and 14).
+"""The design-exploration notebook.
 
 It executes without errors against the committed benchmark results (read by default)
 and against a run that has the eqx.nn models; every matplotlib Axes it creates has an

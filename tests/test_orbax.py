@@ -1,4 +1,4 @@
-"""Sharded checkpoints with orbax-checkpoint (issue 12, item 10): an AutoModule sharded
+"""Sharded checkpoints with orbax-checkpoint: an AutoModule sharded
 on a 2x4 mesh saves with `ocp.StandardCheckpointer` and restores into an
 `eqx.filter_eval_shape` template carrying the shardings; an orbax checkpoint of the
 eqx.Module twin restores into the same template; mismatches raise.

@@ -178,7 +178,7 @@ def test_eqx_tree_at_replaces_a_sub_node_of_a_mixed_attribute_as_in_equinox():
     assert out.shape == (3,)
 
 
-# Equinox's own calls, routed (issue 12): the same results as for the eqx.Module twin.
+# Equinox's own calls, routed: the same results as for the eqx.Module twin.
 
 
 class Inner(asx.AutoModule):

@@ -1,4 +1,4 @@
-"""Type checkers see an AutoModule subclass as they see an `eqx.Module` (issue 12).
+"""Type checkers see an AutoModule subclass as they see an `eqx.Module`.
 
 pyright and mypy check tests/typing/user_model.py (must be clean) and
 tests/typing/user_errors.py (exactly the diagnostics its `# expect:` comments name, by
