@@ -10,6 +10,7 @@ from ._diagnostics import (
 )
 from ._eqx_format import load_eqx as load_eqx
 from ._module import AutoModule as AutoModule
+from ._rebase import Rebase as Rebase, rebase as rebase, RebaseError as RebaseError
 from ._safetensors import CheckpointError as CheckpointError
 from ._serialisation import (
     tree_deserialise_leaves as tree_deserialise_leaves,

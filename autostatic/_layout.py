@@ -791,7 +791,8 @@ def moved_defaults(cls: type) -> set[str]:
         f.name
         for f in dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
         if f.default is not dataclasses.MISSING
-        and vars(cls).get(f.name) is f.default
+        and f.name in vars(cls)
+        and vars(cls)[f.name] is f.default
         and f.name not in inherited
     }
 

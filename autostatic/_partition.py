@@ -26,6 +26,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
 from ._compat import install_flatten_generator
 from ._containers import SCALAR_TYPES, walk, Watch
 from ._layout import (
@@ -61,12 +62,15 @@ _object_new = object.__new__
 
 
 def is_dynamic_leaf(x: Any) -> bool:
-    """Arrays (jax, numpy, tracers) and `jax.ShapeDtypeStruct` templates are dynamic.
-
-    Treating `ShapeDtypeStruct` as an array, as `eqx.filter_eval_shape` does, gives a
-    hand-built abstract template the same structure as a real instance.
-    """
+    """A leaf of a template or of a tree given for loading: arrays (jax, numpy,
+    tracers) and `jax.ShapeDtypeStruct`s, as `eqx.filter_eval_shape` makes them."""
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _is_dynamic(x: Any, array_field: bool) -> bool:
+    """Whether a leaf of a field's value is a pytree child: an array, or in a field
+    annotated to hold arrays (`_annotations`) what stands for one there."""
+    return eqx.is_array(x) or (array_field and stands_for_array(x))
 
 
 def _static_problem(value: Any) -> str | None:
@@ -107,10 +111,12 @@ def _leaf_paths(value: Any) -> list[str]:
 _plain_array_types: set[type] = set()
 
 
-def _plain_kind(value: Any, forced_static: bool) -> int | None:
+def _plain_kind(value: Any, forced_static: bool, array_field: bool) -> int | None:
     """STATIC or CHILD for a value that needs neither a walk nor checks, else None."""
     kind = type(value)
     if kind in SCALAR_TYPES:
+        if array_field and kind in NUMBER_TYPES and not forced_static:
+            return CHILD  # initial loop state: `num_steps: IntScalarLike = 0`
         return STATIC  # the sizes and flags of every layer
     if kind in _plain_array_types and not forced_static:
         return CHILD
@@ -173,21 +179,30 @@ def _check_leaves(
 
 
 def _split_field(
-    where: str, value: Any, forced_static: bool, final: bool, met: list[Any]
+    where: str,
+    value: Any,
+    forced_static: bool,
+    array_field: bool,
+    final: bool,
+    met: list[Any],
 ) -> tuple[int, Any]:
     """The kind of one field and its child or aux entry (`_layout`'s kinds).
-    `_decide` has taken the plain values."""
+    `_decide` has taken the plain values. An explicit `static=True` is honoured for
+    every leaf that is not an array."""
+    array_field = array_field and not forced_static
     carried = walk(value, (where,), _to_twin if final else None, met)
     twinned = carried is not value
-    if is_dynamic_leaf(carried):
-        if type(carried) is not np.ndarray:
+    if _is_dynamic(carried, array_field):
+        if eqx.is_array(carried) and type(carried) is not np.ndarray:
             _plain_array_types.add(type(carried))
         leaves, treedef = [carried], None
         flags = [True]
     else:
         leaves, treedef = jtu.tree_flatten(carried)
         arrays = _plain_array_types
-        flags = [type(x) in arrays or is_dynamic_leaf(x) for x in leaves]
+        flags = [type(x) in arrays or _is_dynamic(x, array_field) for x in leaves]
+        if any(stands_for_array(x) for x, f in zip(leaves, flags) if not f):
+            flags = _decided_by_modules(carried, flags)
     n_dynamic = sum(flags)
     _check_leaves(where, carried, leaves, flags, final)
     if forced_static and n_dynamic:
@@ -205,6 +220,19 @@ def _split_field(
             return STATIC, snapshot_leaf(value)
         return STATIC, static_tree(value, treedef, leaves, twinned)
     return HOLED, punch(treedef, leaves, flags, twinned)
+
+
+def _decided_by_modules(value: Any, flags: list[bool]) -> list[bool]:
+    """`flags` with every leaf of an AutoModule (or twin) inside `value` dynamic: that
+    module has decided its own children (a `num_steps = 0` in a state held by another
+    module's field stays a leaf, whatever that field is annotated)."""
+    out: list[bool] = []
+    for part in jtu.tree_leaves(value, is_leaf=has_partition):
+        if has_partition(part):
+            out += [True] * len(jtu.tree_leaves(part))
+        else:
+            out.append(flags[len(out)])
+    return out
 
 
 class _ContainsItself(Exception):
@@ -251,7 +279,7 @@ def _plain_split(obj: Any) -> Flat | None:
     types = tuple(map(type, values))
     split = spec.plain_splits.get(types)
     if split is None:
-        kinds = tuple(map(_plain_kind, values, spec.declared_static))
+        kinds = tuple(map(_plain_kind, values, spec.declared_static, array_fields(cls)))
         if None in kinds:
             return None
         layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
@@ -277,7 +305,9 @@ def _decide(obj: Any, final: bool) -> Flat:
     entries = []
     values = []
     met: list[Any] = []
-    for name, forced_static in zip(spec.names, spec.declared_static):
+    for name, forced_static, array_field in zip(
+        spec.names, spec.declared_static, array_fields(cls)
+    ):
         try:
             value = attrs[name]
         except KeyError:
@@ -287,14 +317,14 @@ def _decide(obj: Any, final: bool) -> Flat:
             if final and value is not MISSING:
                 attrs[name] = value  # so that flatten finds every field in place
         values.append(value)
-        plain = _plain_kind(value, forced_static)
+        plain = _plain_kind(value, forced_static, array_field)
         if plain is not None:
             (children if plain == CHILD else entries).append(value)
             kinds.append(plain)
             continue
         try:
             kind, part = _split_field(
-                f"{qualname}.{name}", value, forced_static, final, met
+                f"{qualname}.{name}", value, forced_static, array_field, final, met
             )
         except _ContainsItself:
             raise TypeError(

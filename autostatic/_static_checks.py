@@ -1,10 +1,11 @@
 """Checks on static values, and their warnings (each shown once per place).
 
-A static value is compared by `==` and baked into compiled code. An array inside it
+A static value is compared by `==` and baked into compiled code. A jax array inside it
 that the pytree machinery cannot see (a closure cell, a `functools.partial` argument, a
 jitted function's wrapped callable, an attribute of an opaque object) becomes a
 compile-time constant: it receives no gradient, is not updated by optimisers, and is
-copied into every compiled program. A value that can be neither hashed nor compared
+copied into every compiled program. A numpy array there is a host constant, as JAX
+takes one closed over by a function (diffrax's Butcher tableaus): no warning. A value that can be neither hashed nor compared
 breaks JAX's compilation cache, which compares static data with `==`.
 """
 
@@ -23,28 +24,29 @@ import jax.tree_util as jtu
 
 _MAX_DEPTH = 4
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
-# Objects already found free of arrays; functions and callables dominate static values.
-_clean: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+# Objects already found free of arrays, by identity (an object equal to a clean one
+# may hide an array, and a user's `__eq__` may raise): functions and callables
+# dominate static values.
+_clean: "dict[int, weakref.ref[Any]]" = {}
 
 
 def find_hidden_array(value: Any) -> str | None:
-    """Describes where an array hides inside `value`, or returns None if none does."""
-    try:
-        if _clean.get(value, False):
-            return None
-    except TypeError:  # unhashable or not weakly referenceable
-        pass
+    """Describes where a jax array hides inside `value`, or returns None if none does."""
+    known = _clean.get(id(value))
+    if known is not None and known() is value:
+        return None
     where = _search(value, 0, set())
     if where is None:
-        with contextlib.suppress(TypeError):
-            _clean[value] = True
+        key = id(value)
+        with contextlib.suppress(TypeError):  # not weakly referenceable
+            _clean[key] = weakref.ref(value, lambda _: _clean.pop(key, None))
     return where
 
 
 def _search(value: Any, depth: int, seen: set[int]) -> str | None:
     if isinstance(value, _ATOMS) or id(value) in seen or depth > _MAX_DEPTH:
         return None
-    if eqx.is_array(value):
+    if isinstance(value, jax.Array):
         return "an array"
     seen.add(id(value))
     for label, child in _reachable_values(value):

@@ -164,7 +164,7 @@ def test_shape_dtype_struct_templates_match_real_instances():
     assert jax.tree_util.tree_structure(by_jax) == jax.tree_util.tree_structure(model)
 
     class Holder(asx.AutoModule):
-        w: object
+        w: jax.Array  # a ShapeDtypeStruct stands for an array only where one goes
         n: int
 
     real = Holder(jnp.zeros(2), 3)

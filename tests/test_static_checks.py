@@ -85,13 +85,39 @@ def test_hidden_arrays_warn_with_the_attribute_path(make, where):
         Holder(jnp.ones(1), make(jnp.ones(2)))
 
 
+class Opaque:
+    def __init__(self, table):
+        self.table = table
+
+
 def test_hidden_array_in_opaque_object_warns():
-    class Opaque:
+    with pytest.warns(UserWarning, match=r"attribute 'table' of a .*Opaque"):
+        Holder(jnp.ones(1), Opaque(jnp.ones(3)))
+
+
+def test_numpy_constant_table_in_opaque_object_is_silent():
+    # A host constant, as JAX takes a numpy array closed over by a function: the
+    # Butcher tableaus of diffrax's solvers are numpy arrays in plain dataclasses.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = Holder(jnp.ones(1), Opaque(np.ones(3)))
+    assert keystrs(m) == [".w"]
+
+
+def test_hidden_array_check_goes_by_identity_not_equality():
+    class AllEqual:
         def __init__(self, table):
             self.table = table
 
-    with pytest.warns(UserWarning, match=r"attribute 'table' of a .*Opaque"):
-        Holder(jnp.ones(1), Opaque(np.ones(3)))
+        def __eq__(self, other):
+            return isinstance(other, AllEqual)
+
+        def __hash__(self):
+            return 0
+
+    Holder(jnp.ones(1), AllEqual(None))  # clean: cached
+    with pytest.warns(UserWarning, match=r"attribute 'table' of a .*AllEqual"):
+        Holder(jnp.ones(1), AllEqual(jnp.ones(2)))
 
 
 def test_no_warning_for_ordinary_static_values():

@@ -1,0 +1,104 @@
+"""Which fields are annotated to hold arrays.
+
+Values alone cannot tell a size (`hidden = 32`, static) from the first value of loop
+state (`num_steps = 0`, which a `lax.while_loop` body replaces by an array, so it must
+be a leaf, as in an `eqx.Module`). Annotations can: a field whose annotation admits an
+array (`jax.Array`, `np.ndarray`, `jax.typing.ArrayLike`, jaxtyping's
+`Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them) holds array values,
+so Python numbers and `jax.ShapeDtypeStruct`s in it stand for arrays and are leaves.
+An `int`, `float`, `Any`-annotated or unannotated field keeps them static.
+"""
+
+import dataclasses
+import re
+import sys
+import types
+import typing
+import weakref
+from typing import Any, Final
+
+import jax
+import numpy as np
+
+# What a string annotation that cannot be evaluated (a name imported only for type
+# checkers) is read by: array types by their usual names.
+_ARRAY_WORDS: Final = re.compile(
+    r"\b(Array|ArrayLike|ndarray|Scalar\w*|\w+ScalarLike|Shaped|Float|Int|UInt|Bool"
+    r"|Complex|Real|Inexact|Num|Integer|Key)\b"
+)
+
+_array_fields: "weakref.WeakKeyDictionary[type, tuple[bool, ...]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def array_fields(cls: type) -> tuple[bool, ...]:
+    """Per field of the dataclass `cls`, whether its annotation admits an array;
+    resolved on the first call (when the first instance is decided, so that names
+    defined after the class resolve), then cached."""
+    try:
+        return _array_fields[cls]
+    except KeyError:
+        pass
+    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass
+    found = tuple(_admits_array(_resolve(cls, f.type)) for f in fields)
+    _array_fields[cls] = found
+    return found
+
+
+def _resolve(cls: type, annotation: Any) -> Any:
+    """The annotation as an object; a string that cannot be evaluated stays a string."""
+    if isinstance(annotation, typing.ForwardRef):
+        annotation = annotation.__forward_arg__
+    if not isinstance(annotation, str):
+        return annotation
+    module = sys.modules.get(cls.__module__)
+    namespace = dict(vars(module)) if module is not None else {}
+    try:
+        return eval(annotation, namespace, dict(vars(cls)))
+    except Exception:
+        return annotation
+
+
+def _admits_array(annotation: Any, depth: int = 0) -> bool:
+    if depth > 8:
+        return False
+    if isinstance(annotation, str):
+        return _ARRAY_WORDS.search(annotation) is not None
+    if isinstance(annotation, type):
+        if issubclass(annotation, (jax.Array, np.ndarray, np.generic)):
+            return True
+        # jaxtyping's `Float[Array, "n"]`, and its `PyTree[leaf type]`.
+        if hasattr(annotation, "array_type") and hasattr(annotation, "dtypes"):
+            return True
+        leaftype = getattr(annotation, "leaftype", None)
+        if leaftype is not None:
+            return _admits_array(leaftype, depth + 1)
+        return False
+    if isinstance(annotation, typing.TypeVar):
+        bound = annotation.__bound__
+        return bound is not None and _admits_array(bound, depth + 1)
+    origin = typing.get_origin(annotation)
+    if origin is typing.ClassVar:
+        return False
+    if origin is typing.Annotated:
+        return _admits_array(typing.get_args(annotation)[0], depth + 1)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        return any(_admits_array(a, depth + 1) for a in typing.get_args(annotation))
+    if origin is not None:  # `list[Array]`, `dict[str, ArrayLike]`, ...
+        return any(
+            _admits_array(a, depth + 1)
+            for a in typing.get_args(annotation)
+            if a is not Ellipsis
+        )
+    return False
+
+
+def stands_for_array(leaf: Any) -> bool:
+    """A non-array leaf that a field annotated to hold arrays keeps as a leaf: a
+    Python number (initial loop state, a tolerance) or a `jax.ShapeDtypeStruct`."""
+    kind = type(leaf)
+    return kind in NUMBER_TYPES or kind is jax.ShapeDtypeStruct
+
+
+NUMBER_TYPES: Final = frozenset({int, float, complex, bool})

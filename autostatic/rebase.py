@@ -1,0 +1,120 @@
+"""Run an Equinox-based codebase with its Modules auto-static, without editing it.
+
+As a pytest plugin::
+
+    pytest -p autostatic.rebase --autostatic-rebase=diffrax,lineax,test \\
+        [--autostatic-drop-static-markers]
+
+As a runner of a script or module::
+
+    python -m autostatic.rebase diffrax,lineax [--drop-static-markers] script.py ARGS
+    python -m autostatic.rebase diffrax -m some.module ARGS
+
+Every class of the named packages (and modules under them, e.g. a test package) with
+`eqx.Module` as a direct base becomes an `autostatic.AutoModule` subclass. The run
+fails if a named package was imported before the rebase, or ends with none of its
+classes rebased: a rebase that silently did nothing cannot pass for one that worked.
+"""
+
+import argparse
+import runpy
+import sys
+from typing import Any
+
+from ._rebase import active_rebase, rebase, RebaseError
+
+__all__ = ["main"]
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("autostatic")
+    group.addoption(
+        "--autostatic-rebase",
+        default="",
+        help="comma-separated packages or modules whose eqx.Module classes become "
+        "autostatic.AutoModule subclasses (e.g. diffrax,lineax,tests)",
+    )
+    group.addoption(
+        "--autostatic-drop-static-markers",
+        action="store_true",
+        help="also remove static=True from their eqx.field(...)s",
+    )
+
+
+def _option(config: Any, name: str) -> Any:
+    return getattr(config.known_args_namespace, name)
+
+
+def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> None:
+    # Before conftest.py files are imported: they import the packages under test.
+    packages = _option(early_config, "autostatic_rebase")
+    if not packages:
+        return
+    import pytest
+
+    try:
+        rebase(
+            packages.split(","),
+            drop_static_markers=_option(early_config, "autostatic_drop_static_markers"),
+        )
+    except RebaseError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
+def pytest_report_header(config: Any) -> str | None:
+    installed = active_rebase()
+    return None if installed is None else installed.summary() + " (so far)"
+
+
+def pytest_collection_finish(session: Any) -> None:
+    installed = active_rebase()
+    if installed is None:
+        return
+    import pytest
+
+    try:
+        installed.check()
+    except RebaseError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    installed = active_rebase()
+    if installed is not None:
+        terminalreporter.write_line(installed.summary())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m autostatic.rebase",
+        description="Run a script or module with the eqx.Module classes of PACKAGES "
+        "rebased onto autostatic.AutoModule.",
+    )
+    parser.add_argument("packages", help="comma-separated, e.g. diffrax,lineax")
+    parser.add_argument("--drop-static-markers", action="store_true")
+    parser.add_argument("-m", dest="module", help="run this module as __main__")
+    parser.add_argument("target", nargs=argparse.REMAINDER, help="script and args")
+    args = parser.parse_args(argv)
+    if not args.module and not args.target:
+        parser.error("give a script path or -m MODULE")
+    try:
+        installed = rebase(
+            args.packages.split(","), drop_static_markers=args.drop_static_markers
+        )
+    except RebaseError as err:
+        parser.exit(2, f"{err}\n")
+    if args.module:
+        sys.argv = [args.module, *args.target]
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args.target)
+        runpy.run_path(args.target[0], run_name="__main__")
+    try:
+        installed.check()
+    except RebaseError as err:
+        parser.exit(2, f"{err}\n")
+    print(installed.summary(), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

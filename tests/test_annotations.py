@@ -1,0 +1,190 @@
+"""Fields annotated to hold arrays: Python numbers and ShapeDtypeStructs there are
+leaves (as in an eqx.Module), elsewhere static; explicit static=True always wins."""
+
+from typing import Any, Optional
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
+
+import autostatic as asx
+from autostatic._annotations import array_fields
+
+from .helpers import keystrs
+
+
+class LoopState(asx.AutoModule):
+    y: Float[Array, " n"]
+    num_steps: Int[ArrayLike, ""]
+    made_jump: Bool[ArrayLike, ""]
+    tol: float  # a hyperparameter: static
+
+
+class EqxLoopState(eqx.Module):
+    y: Float[Array, " n"]
+    num_steps: Int[ArrayLike, ""]
+    made_jump: Bool[ArrayLike, ""]
+    tol: float = eqx.field(static=True)
+
+
+def _run_loop(cls: type) -> Any:
+    def f(y):
+        state = cls(y, 0, False, 1e-3)
+
+        def body(s):
+            return cls(s.y + s.tol, s.num_steps + 1, s.num_steps > 1, s.tol)
+
+        return jax.lax.while_loop(lambda s: s.num_steps < 3, body, state)
+
+    return jax.jit(f)(jnp.ones(2))
+
+
+def test_python_numbers_as_loop_state_are_leaves_like_eqx_module():
+    ours, ref = _run_loop(LoopState), _run_loop(EqxLoopState)
+    assert keystrs(ours) == keystrs(ref) == [".y", ".num_steps", ".made_jump"]
+    assert int(ours.num_steps) == int(ref.num_steps) == 3
+    assert bool(ours.made_jump) and ours.tol == 1e-3
+    np.testing.assert_array_equal(ours.y, ref.y)
+
+
+def test_number_leaves_need_no_retrace_and_sizes_stay_static():
+    traces = []
+
+    @jax.jit
+    def f(s):
+        traces.append(None)
+        return s.y * s.num_steps
+
+    f(LoopState(jnp.ones(2), 1, False, 0.1))
+    f(LoopState(jnp.ones(2), 2, True, 0.1))
+    assert len(traces) == 1
+    f(LoopState(jnp.ones(2), 2, True, 0.2))  # `tol: float` is static
+    assert len(traces) == 2
+
+
+@pytest.mark.parametrize(
+    "annotation, admits",
+    [
+        (jax.Array, True),
+        (ArrayLike, True),
+        (Int[ArrayLike, ""], True),
+        (Optional[jax.Array], True),  # noqa: UP045  # as libraries write it
+        (int | jax.Array, True),
+        (np.ndarray, True),
+        (PyTree[Float[Array, "..."]], True),
+        (list[jax.Array], True),
+        ("Float[Array, 'n']", True),  # a string that names array types
+        (int, False),
+        (float, False),
+        (Any, False),
+        (object, False),
+        (jax.ShapeDtypeStruct, False),
+        (PyTree[jax.ShapeDtypeStruct], False),
+        ("tuple[int, ...]", False),
+    ],
+)
+def test_which_annotations_admit_arrays(annotation, admits):
+    class M(asx.AutoModule):
+        x: annotation  # pyright: ignore[reportInvalidTypeForm]
+
+    assert array_fields(M) == (admits,)
+
+
+def test_unresolvable_string_annotation_is_read_by_its_words():
+    class M(asx.AutoModule):
+        a: "UndefinedArrayAlias"  # noqa: F821  # pyright: ignore[reportUndefinedVariable]
+        b: "Float[NotDefined, 'n']"  # noqa: F821  # pyright: ignore[reportUndefinedVariable]
+        c: "SomeConfig"  # noqa: F821  # pyright: ignore[reportUndefinedVariable]
+
+    assert array_fields(M) == (False, True, False)
+
+
+def test_shape_dtype_struct_describing_a_structure_is_static():
+    # lineax keeps operator structures this way, diffrax a Brownian path's shape.
+    class Operator(asx.AutoModule):
+        matrix: jax.Array
+        input_structure: PyTree[jax.ShapeDtypeStruct]
+
+    struct = {"a": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    op = Operator(jnp.eye(3), struct)
+    assert keystrs(op) == [".matrix"]
+    out = jax.jit(lambda o: o.input_structure["a"].shape)(op)  # no tracer
+    assert out == (3,)
+    batched = jax.vmap(lambda m: Operator(m, struct))(jnp.ones((2, 3, 3)))
+    assert batched.input_structure == struct
+
+
+def test_explicit_static_true_on_a_shape_dtype_struct_is_honoured():
+    class Operator(asx.AutoModule):
+        structure: jax.Array = eqx.field(static=True)  # even where an array goes
+
+    op = Operator(jax.ShapeDtypeStruct((2,), jnp.float32))
+    assert jax.tree_util.tree_leaves(op) == []
+    with pytest.raises(TypeError, match=r"Operator\.structure is marked"):
+        Operator(jnp.ones(2))
+
+
+def test_templates_keep_the_partition_they_were_made_from():
+    # The host-load path: a template from filter_eval_shape or a tree_map keeps the
+    # structure of the real model, whatever the field is annotated.
+    class Net(asx.AutoModule):
+        w: Any
+        n: int
+
+        def __init__(self, key):
+            self.w = jax.random.normal(key, (3,))
+            self.n = 3
+
+    real = Net(jax.random.key(0))
+    for template in (
+        eqx.filter_eval_shape(Net, jax.random.key(0)),
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), real),
+    ):
+        assert jax.tree.structure(template) == jax.tree.structure(real)
+        assert isinstance(template.w, jax.ShapeDtypeStruct)
+
+
+def test_subclass_of_a_module_with_a_none_default():
+    class A(asx.AutoModule):
+        x: object = None
+
+    class B(A):
+        pass
+
+    class C(B):
+        y: int = 2
+
+    assert B().x is None and C().x is None and C().y == 2
+    assert jax.tree_util.tree_leaves(C()) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.integers(-5, 5), st.floats(-2, 2), st.booleans()),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_numbers_in_array_fields_match_eqx_module_leaves(numbers):
+    class Ours(asx.AutoModule):
+        xs: PyTree[ArrayLike]
+        sizes: list
+
+    class Ref(eqx.Module):
+        xs: PyTree[ArrayLike]
+        sizes: list = eqx.field(static=True)
+
+    ours, ref = Ours(list(numbers), list(numbers)), Ref(list(numbers), list(numbers))
+    assert keystrs(ours) == keystrs(ref)
+    assert jax.tree_util.tree_leaves(ours) == jax.tree_util.tree_leaves(ref)
+    double = jax.jit(lambda m: jax.tree.map(lambda x: 2 * x, m))
+    doubled, doubled_ref = double(ours), double(ref)
+    assert [(x.dtype, float(x)) for x in doubled.xs] == [
+        (x.dtype, float(x)) for x in doubled_ref.xs
+    ]
+    assert ours.sizes == list(numbers)

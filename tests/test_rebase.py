@@ -1,0 +1,202 @@
+"""The rebase tool: an Equinox-based codebase runs with its Modules auto-static."""
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autostatic as asx
+from autostatic import RebaseError
+
+LIBRARY = """
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+class _Meta(type(eqx.Module)):  # a library's own metaclass, as diffrax's PIDController
+    def __call__(cls, *args, double=False, **kwargs):
+        out = super().__call__(*args, **kwargs)
+        return Scaled(out, 2.0) if double else out
+
+
+class Base(eqx.Module):
+    n: int = eqx.field(static=True)
+
+
+class Linear(Base):
+    w: jax.Array
+
+    def __call__(self, x):
+        return self.w * x * self.n
+
+
+class Scaled(eqx.Module):
+    inner: eqx.Module
+    factor: float = eqx.field(static=True)
+
+    def __call__(self, x):
+        return self.factor * self.inner(x)
+
+
+class WithMeta(Base, metaclass=_Meta):
+    w: jax.Array
+
+    def __call__(self, x):
+        return self.w + x
+"""
+
+
+def _define(module_name: str) -> dict:
+    namespace = {"__name__": module_name}
+    exec(compile(LIBRARY, f"<{module_name}>", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture
+def rebased() -> Iterator:
+    installed = asx.rebase(["fakelib_a"])
+    try:
+        yield installed
+    finally:
+        installed.undo()
+
+
+def test_direct_subclasses_and_their_metaclasses_are_rebased(rebased):
+    lib = _define("fakelib_a.layers")
+    other = _define("someone_else")
+    for name in ("Base", "Linear", "Scaled", "WithMeta"):
+        assert issubclass(lib[name], asx.AutoModule), name
+        assert not issubclass(other[name], asx.AutoModule), name
+    assert sorted(rebased.rebased["fakelib_a"]) == [
+        "fakelib_a.layers.Base",
+        "fakelib_a.layers.Scaled",
+    ]
+    layer = lib["Linear"](n=3, w=jnp.ones(2))
+    # Plain jax.jit takes the rebased module; the static marker is kept.
+    assert jax.tree_util.tree_leaves(layer) == [layer.w]
+    assert jax.jit(lambda m, x: m(x))(layer, 1.0).tolist() == [3.0, 3.0]
+    doubled = lib["WithMeta"](n=1, w=jnp.zeros(2), double=True)
+    assert type(doubled) is lib["Scaled"] and doubled(1.0).tolist() == [2.0, 2.0]
+    rebased.check()
+
+
+def test_static_markers_can_be_dropped():
+    installed = asx.rebase(["fakelib_b"], drop_static_markers=True)
+    try:
+        lib = _define("fakelib_b")
+    finally:
+        installed.undo()
+    assert installed.markers_dropped["fakelib_b"] == 2
+    assert not any(f.metadata.get("static") for f in dataclasses.fields(lib["Linear"]))
+    layer = lib["Linear"](n=3, w=jnp.ones(2))
+    assert jax.tree_util.tree_leaves(layer) == [layer.w]  # decided static anyway
+
+
+def test_undo_stops_rebasing():
+    installed = asx.rebase(["fakelib_c"])
+    installed.undo()
+    assert not issubclass(_define("fakelib_c")["Base"], asx.AutoModule)
+    with pytest.raises(RebaseError, match="'fakelib_c' was never imported"):
+        installed.check()
+
+
+def test_a_rebase_that_cannot_take_effect_is_an_error(rebased):
+    with pytest.raises(RebaseError, match="active already"):
+        asx.rebase(["fakelib_d"])
+    rebased.undo()
+    with pytest.raises(RebaseError, match=r"equinox\.nn.*imported already"):
+        asx.rebase(["equinox.nn"])
+    with pytest.raises(RebaseError, match="name at least one package"):
+        asx.rebase([" "])
+    empty = asx.rebase(["fakelib_e"])
+    try:
+        sys.modules["fakelib_e"] = type(sys)("fakelib_e")  # imported, no class
+        with pytest.raises(RebaseError, match="no class of 'fakelib_e' was rebased"):
+            empty.check()
+    finally:
+        del sys.modules["fakelib_e"]
+        empty.undo()
+
+
+def _write_project(root: Path) -> None:
+    (root / "fakelib").mkdir()
+    (root / "fakelib" / "__init__.py").write_text(LIBRARY)
+    (root / "fake_tests").mkdir()
+    (root / "fake_tests" / "__init__.py").write_text("")
+    (root / "fake_tests" / "test_lib.py").write_text(
+        textwrap.dedent(
+            """
+            import equinox as eqx
+            import jax
+            import jax.numpy as jnp
+            import autostatic as asx
+            import fakelib
+
+            class Local(eqx.Module):
+                w: jax.Array
+
+            def test_rebased():
+                assert issubclass(fakelib.Linear, asx.AutoModule)
+                assert issubclass(Local, asx.AutoModule)
+                layer = fakelib.Linear(n=2, w=jnp.ones(1))
+                assert jax.jit(lambda m: m(1.0))(layer).tolist() == [2.0]
+            """
+        )
+    )
+
+
+def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_pytest_plugin_rebases_a_library_and_its_tests(tmp_path):
+    _write_project(tmp_path)
+    run = _pytest(
+        tmp_path, "-p", "autostatic.rebase", "--autostatic-rebase=fakelib,fake_tests"
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+    assert "fakelib: 2 direct eqx.Module subclasses rebased" in run.stdout
+    # Without the plugin the same test fails: the check above can fail.
+    assert _pytest(tmp_path).returncode == 1
+
+
+def test_pytest_plugin_refuses_a_rebase_that_did_nothing(tmp_path):
+    _write_project(tmp_path)
+    run = _pytest(
+        tmp_path, "-p", "autostatic.rebase", "--autostatic-rebase=fakelib,fakelbi"
+    )
+    assert run.returncode != 0
+    assert "'fakelbi' was never imported" in run.stdout + run.stderr
+
+
+def test_runner_runs_a_script_rebased(tmp_path):
+    _write_project(tmp_path)
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import autostatic as asx, fakelib\n"
+        "print(issubclass(fakelib.Base, asx.AutoModule))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "autostatic.rebase", "fakelib", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True"
+    assert "fakelib: 2 direct eqx.Module subclasses rebased" in run.stderr
