@@ -38,6 +38,8 @@ _NOT_CONTAINERS: Final = SCALAR_TYPES | {type(None)}
 # The mutable built-ins JAX flattens as nodes (sets are leaves to JAX, but static
 # values a mutation would change all the same).
 _DICT_TYPES: Final = (dict, OrderedDict, defaultdict)
+# The nodes a change in place can alter (not tuples, nor namedtuples).
+_MUTABLE_NODE_TYPES: Final = frozenset({list, *_DICT_TYPES})
 
 
 class ContainerCycleError(TypeError):
@@ -131,7 +133,7 @@ def walk(
     items = _items(value)
     if items is None:
         return _leaf(value, convert, watched)
-    if watched is not None and type(value) is not tuple:
+    if watched is not None and type(value) in _MUTABLE_NODE_TYPES:
         watched.append(value)
     # One entry per container being walked: (container, path, its items, new ones).
     stack = [(value, path, items, [])]
@@ -151,7 +153,7 @@ def walk(
             if id(item) in on_path:
                 raise _cycle_error(item_path)
             on_path.add(id(item))
-            if watched is not None and type(item) is not tuple:
+            if watched is not None and type(item) in _MUTABLE_NODE_TYPES:
                 watched.append(item)
             stack.append((item, item_path, sub_items, []))
             continue

@@ -4,6 +4,7 @@ is made) is seen by eager code and by `jax.jit` alike."""
 
 import heapq
 from collections import defaultdict, OrderedDict
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -191,3 +192,18 @@ def test_a_changed_container_is_decided_once_then_read_back():
     again = Knobs()
     again.queue.append(1.0)
     assert jax.tree_util.tree_structure(again) == first
+
+
+def test_namedtuple_field_is_a_node_not_watched():
+    # optax's GradientTransformation is a NamedTuple of functions, held by
+    # optimistix's OptaxMinimiser.
+    import optax
+
+    class Holder(asx.AutoModule):
+        optim: Any
+        w: jax.Array
+
+    m = Holder(optax.adam(1e-3), jnp.ones(2))
+    assert jax.tree_util.tree_leaves(m) == [m.w]
+    assert type(m.optim) is type(optax.adam(1e-3))
+    assert jax.jit(lambda m: m.w * 2)(m).tolist() == [2.0, 2.0]

@@ -1,0 +1,1 @@
+"""The ecosystem report: diffrax, lineax and optimistix with their Modules auto-static."""

@@ -1,0 +1,8 @@
+"""`python -m ecosystem`: see `ecosystem.run` for the options."""
+
+import sys
+
+from .run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

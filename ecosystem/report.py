@@ -1,0 +1,72 @@
+"""Renders the ecosystem results (`results.json`) as `report.md`."""
+
+from typing import Any
+
+from .run import CAUSES
+
+_REASONS = {name: reason for name, _, reason in CAUSES} | {
+    "other": "not matched by a known cause; the message says what failed"
+}
+
+
+def _failures_beyond_baseline(outcomes: list[dict[str, Any]]) -> dict[str, dict]:
+    baseline = next((o for o in outcomes if o["mode"] == "baseline"), None)
+    failed_at_baseline = set(baseline["failures"]) if baseline else set()
+    return {
+        o["mode"]: {
+            node: why
+            for node, why in o["failures"].items()
+            if node not in failed_at_baseline
+        }
+        for o in outcomes
+        if o["mode"] != "baseline"
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        "# Ecosystem report: diffrax, lineax and optimistix with their Modules auto-static",
+        "",
+        "Made by `python -m ecosystem` (see `ecosystem/run.py` for what each mode does).",
+        "Each library's own tests at the tag of the installed version; every K-th item of "
+        "each file. *new failures*: items that pass at baseline and fail in the mode.",
+        "",
+        "| library | items (of collected) | mode | passed | failed | skipped | new failures | baseline-passing kept | time |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for library, result in results.items():
+        outcomes = result["outcomes"]
+        beyond = _failures_beyond_baseline(outcomes)
+        baseline = next((o for o in outcomes if o["mode"] == "baseline"), None)
+        base_passed = baseline["passed"] if baseline else None
+        for o in outcomes:
+            new = beyond.get(o["mode"])
+            kept = (
+                "-"
+                if new is None or not base_passed
+                else f"{100 * (base_passed - len(new)) / base_passed:.1f}%"
+            )
+            lines.append(
+                f"| {library} {result['version']} | {o['selected']} "
+                f"(of {result['collected']}, every {result['every']}) | {o['mode']} | "
+                f"{o['passed']} | {o['failed']} | {o['skipped']} | "
+                f"{'-' if new is None else len(new)} | {kept} | {o['seconds']:.0f} s |"
+            )
+    lines += ["", "## Remaining failures, by cause", ""]
+    for library, result in results.items():
+        outcomes = result["outcomes"]
+        for o in outcomes:
+            if not o["failures"]:
+                continue
+            lines.append(f"### {library}, {o['mode']}")
+            lines.append("")
+            if o.get("rebase_summary"):
+                lines += [o["rebase_summary"], ""]
+            by_cause: dict[str, list[tuple[str, str]]] = {}
+            for node, (cause, first) in sorted(o["failures"].items()):
+                by_cause.setdefault(cause, []).append((node, first))
+            for cause, entries in sorted(by_cause.items()):
+                lines.append(f"- **{cause}** ({len(entries)}): {_REASONS[cause]}")
+                lines += [f"  - `{node}`: {first}" for node, first in entries]
+            lines.append("")
+    return "\n".join(lines) + "\n"

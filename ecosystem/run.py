@@ -1,0 +1,266 @@
+"""The ecosystem report: diffrax, lineax and optimistix's own test suites with their
+Modules auto-static.
+
+    python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--out DIR]
+
+For each library, the tests of the git tag matching the installed version are
+extracted (never committed), collected, and a deterministic sample (every K-th item
+of each file, in collection order; K=1 runs everything) is run three times:
+
+- baseline: the library as installed;
+- b: every `eqx.Module` class of the library and of its tests rebased onto
+  `autostatic.AutoModule` (`pytest -p autostatic.rebase`), static markers kept;
+- b2: the same with every `eqx.field(static=True)` marker removed.
+
+Each failure is put under the cause its message names (`CAUSES`), and the report
+(`report.md`, `results.json`) lists per library and mode the items selected, passed
+and failed, and each remaining failure grouped by cause.
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Library, the folder of its tests in its repository.
+LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
+# The sample taken by default: every K-th item of each file, so that the three modes
+# of all three libraries run in about an hour on 2 CPU cores (lineax's items are
+# many and slow: 4215 items at about 2.6 s each).
+EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 9}
+MODES = {
+    "baseline": [],
+    "b": ["-p", "autostatic.rebase", "--autostatic-rebase={packages}"],
+    "b2": [
+        "-p",
+        "autostatic.rebase",
+        "--autostatic-rebase={packages}",
+        "--autostatic-drop-static-markers",
+    ],
+}
+# A failure's cause, by a pattern of its message: (name, pattern, reason).
+CAUSES: list[tuple[str, str, str]] = [
+    (
+        "timeout",
+        r"Timeout|timed out",
+        "the item ran past the per-item time limit",
+    ),
+    (
+        "structure",
+        r"PyTree structures? (must|do not) match|different (types|pytree metadata)|"
+        r"same (input and output )?structure|must have (the )?same (type )?structure|"
+        r"container/pytree structure",
+        "two trees that an eqx.Module gives the same structure differ",
+    ),
+    (
+        "tracer",
+        r"TracerBoolConversionError|ConcretizationTypeError|TracerIntegerConversion",
+        "a value the library keeps static became a tracer",
+    ),
+    (
+        "non-array leaf",
+        r"is not a valid JAX type|Cannot interpret value of type",
+        "a non-array reached a JAX transform as a leaf",
+    ),
+    (
+        "warning",
+        r"Warning",
+        "a warning turned into an error by the suite's filterwarnings",
+    ),
+]
+
+
+@dataclass
+class Outcome:
+    mode: str
+    selected: int
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    # node id -> (cause, first line of the message)
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)
+    rebase_summary: str = ""
+
+
+def _git_archive(git_dir: str, tag: str, paths: list[str], into: Path) -> None:
+    archive = subprocess.run(
+        ["git", f"--git-dir={git_dir}", "archive", "--format=tar", tag, *paths],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tempfile.TemporaryFile() as f:
+        f.write(archive)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            tar.extractall(into, filter="data")
+
+
+def extract(library: str, git_dir: str | None, work: Path) -> Path:
+    """The library's tests at the tag of the installed version, under `work`."""
+    version = importlib.metadata.version(library)
+    root = work / library
+    if (root / LIBRARIES[library]).exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    if git_dir is None:
+        git_dir = str(work / f"{library}.git")
+        if not Path(git_dir).exists():
+            url = f"https://github.com/patrick-kidger/{library}"
+            subprocess.run(
+                ["git", "clone", "--bare", "--filter=blob:none", url, git_dir],
+                check=True,
+            )
+    _git_archive(git_dir, f"v{version}", [LIBRARIES[library], "pyproject.toml"], root)
+    return root
+
+
+def collect(root: Path, library: str) -> list[str]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [line for line in out.splitlines() if "::" in line]
+
+
+def sample(items: list[str], every: int) -> list[str]:
+    """Every `every`-th item of each file, starting with its first."""
+    per_file: dict[str, list[str]] = {}
+    for item in items:
+        per_file.setdefault(item.split("::")[0], []).append(item)
+    return [i for group in per_file.values() for i in group[::every]]
+
+
+def classify(message: str) -> str:
+    for name, pattern, _ in CAUSES:
+        if re.search(pattern, message):
+            return name
+    return "other"
+
+
+def run_mode(
+    root: Path, library: str, mode: str, items: list[str], timeout: int
+) -> Outcome:
+    packages = f"{library},{LIBRARIES[library]}"
+    args = [a.format(packages=packages) for a in MODES[mode]]
+    junit = root / f"junit-{mode}.xml"
+    junit.unlink(missing_ok=True)
+    start = time.perf_counter()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            *args,
+            *items,
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    outcome = Outcome(mode, len(items), seconds=time.perf_counter() - start)
+    summary = re.search(r"autostatic rebase: .*", run.stdout)
+    outcome.rebase_summary = summary[0] if summary else ""
+    cases = (
+        list(ElementTree.parse(junit).getroot().iter("testcase"))
+        if junit.exists()
+        else []
+    )
+    if not cases:  # a collection or usage error: every item failed
+        tail = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no output"]
+        outcome.failed = len(items)
+        outcome.failures = {i: (classify(tail[0]), tail[0][:300]) for i in items}
+        return outcome
+    for case in cases:
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            message = (problem.get("message") or problem.text or "").strip()
+            outcome.failed += 1
+            first = next((s for s in message.splitlines() if s.strip()), "")
+            outcome.failures[_node_id(case)] = (classify(message), first[:300])
+        elif case.find("skipped") is not None:
+            outcome.skipped += 1
+        else:
+            outcome.passed += 1
+    return outcome
+
+
+def _node_id(case: ElementTree.Element) -> str:
+    classname = case.get("classname") or ""
+    return classname.replace(".", "/") + ".py::" + (case.get("name") or "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ecosystem", description=__doc__)
+    parser.add_argument("--git-dir", action="append", default=[], metavar="LIB=PATH")
+    parser.add_argument(
+        "--every", type=int, metavar="K", help="sample every K-th item (default: EVERY)"
+    )
+    parser.add_argument("--only", action="append", choices=sorted(LIBRARIES))
+    parser.add_argument("--modes", default="baseline,b,b2")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "autostatic-ecosystem",
+    )
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--timeout", type=int, default=3 * 3600, help="per run, seconds"
+    )
+    args = parser.parse_args(argv)
+    git_dirs = dict(spec.split("=", 1) for spec in args.git_dir)
+    results = {}
+    for library in args.only or list(LIBRARIES):
+        root = extract(library, git_dirs.get(library), args.work)
+        items = collect(root, library)
+        every = args.every or EVERY[library]
+        chosen = sample(items, every)
+        print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
+        outcomes = []
+        for mode in args.modes.split(","):
+            outcome = run_mode(root, library, mode, chosen, args.timeout)
+            print(
+                f"  {mode}: {outcome.passed} passed, {outcome.failed} failed, "
+                f"{outcome.skipped} skipped ({outcome.seconds:.0f} s)",
+                flush=True,
+            )
+            outcomes.append(outcome)
+        results[library] = {
+            "version": importlib.metadata.version(library),
+            "collected": len(items),
+            "every": every,
+            "outcomes": [asdict(o) for o in outcomes],
+        }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    from .report import render
+
+    (args.out / "report.md").write_text(render(results))
+    return 0
