@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
+from jax.extend.core import Jaxpr
 
 from ._containers import walk, Watch
 
@@ -313,6 +314,38 @@ class Compared:
         return f"Compared({self.value!r})"
 
 
+class SameProgram:
+    """A static `jax.core.Jaxpr` (a closure-converted function's program, as
+    `eqx.filter_closure_convert` holds it): equal to another that is the same program,
+    printed alike. A jaxpr has no `==` of its own, so each trace of the same function
+    would otherwise give a new static value and a new treedef (optimistix and lineax
+    compare such trees across traces, in `custom_jvp` and `lax.cond`)."""
+
+    __slots__ = ("value", "_text")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._text: str | None = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = str(self.value)
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not SameProgram:
+            return False
+        return self.value is other.value or self.text() == other.text()
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"SameProgram({self.value!r})"
+
+
 def _compares_in_python(value: Any) -> bool:
     return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
 
@@ -322,6 +355,8 @@ def snapshot_leaf(leaf: Any) -> Any:
     or a `Compared` for a leaf compared in Python."""
     if type(leaf) is set:
         return SetValue(leaf)
+    if type(leaf) is Jaxpr:
+        return SameProgram(leaf)
     if _compares_in_python(leaf):
         return Compared(leaf)
     return leaf
@@ -331,7 +366,7 @@ def _natural_leaf(leaf: Any) -> Any:
     kind = type(leaf)
     if kind is SetValue:
         return set(leaf)
-    return leaf.value if kind is Compared else leaf
+    return leaf.value if kind is Compared or kind is SameProgram else leaf
 
 
 def _natural_leaves(leaves: Iterable[Any]) -> list[Any]:

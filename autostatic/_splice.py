@@ -194,13 +194,15 @@ def _combine_nodes(xs: tuple[Any, ...], is_leaf: Any) -> Any:
     values = [
         None if s is None else (s if type(s) is dict else materialise(s)) for s in sides
     ]
-    return decided(
-        cls,
-        {
-            n: combine(*(None if v is None else v[n] for v in values), is_leaf=is_leaf)
-            for n in names
-        },
-    )
+    return decided(cls, {n: _combine_field(values, n, is_leaf) for n in names})
+
+
+def _combine_field(values: list[Any], name: str, is_leaf: Any) -> Any:
+    """One field of combined nodes: a side whose field is None (a field with no
+    array, on the array side) contributes nothing, whatever the other sides hold
+    there (a whole module, in Equinox's form of the non-array side)."""
+    parts = [v[name] for v in values if v is not None and v[name] is not None]
+    return combine(*parts, is_leaf=is_leaf) if parts else None
 
 
 def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:

@@ -3,10 +3,13 @@ its type, with the treedef that value has standalone, however the model was made
 (built, unflattened by a tree_map, returned by jax.jit), and two fields, two classes
 or a field and a plain value of the same structure combine as with eqx.Module."""
 
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
@@ -131,3 +134,26 @@ def test_two_classes_with_equal_values_have_equal_attribute_treedefs():
     assert jax.tree_util.tree_structure(after[0].a) == (
         jax.tree_util.tree_structure(after[1].c)
     )
+
+
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module])
+def test_closure_converted_functions_of_one_program_give_one_treedef(base):
+    # optimistix and lineax hold eqx.filter_closure_convert's result in their states
+    # and compare trees built by separate traces of the same function.
+    class Holder(base):
+        fn: Any
+
+    def make(scale):
+        convert = eqx.filter_closure_convert(lambda x: jnp.sin(x) * scale, jnp.ones(2))
+        return Holder(convert)
+
+    # One program: the scale is a closed-over array, a const of the jaxpr.
+    a, b = make(jnp.asarray(2.0)), make(jnp.asarray(3.0))
+    assert a.fn.jaxpr is not b.fn.jaxpr
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    if base is asx.AutoModule:
+        other = Holder(eqx.filter_closure_convert(lambda x: jnp.cos(x), jnp.ones(2)))
+        assert jax.tree.structure(a) != jax.tree.structure(other)  # retraces
+        np.testing.assert_allclose(
+            jax.jit(lambda h: h.fn(jnp.ones(2)))(b), 3 * jnp.sin(1.0)
+        )

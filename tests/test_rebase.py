@@ -84,7 +84,7 @@ def test_direct_subclasses_and_their_metaclasses_are_rebased(rebased):
     assert jax.jit(lambda m, x: m(x))(layer, 1.0).tolist() == [3.0, 3.0]
     doubled = lib["WithMeta"](n=1, w=jnp.zeros(2), double=True)
     assert type(doubled) is lib["Scaled"] and doubled(1.0).tolist() == [2.0, 2.0]
-    rebased.check()
+    rebased.check(imported_only=True)  # the module was exec-ed, not imported
 
 
 def test_static_markers_can_be_dropped():

@@ -149,3 +149,29 @@ def test_is_leaf_stops_the_filter_at_a_module(base):
     assert eqx.filter(tree, spec, is_leaf=is_holder) == [Holder(1), None, 3]
     kept, rest = eqx.partition(tree, spec, is_leaf=is_holder)
     assert kept == [Holder(1), None, 3] and rest == [None, Holder(2), None]
+
+
+class _Operator(eqx.Module):  # an unported module holding no array (a lineax operator)
+    fn: Callable
+    size: int
+
+
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module])
+def test_static_half_first_combines_a_field_without_arrays(base):
+    # optimistix's loop: partition the solver state once, carry the array half
+    # through lax.while_loop, combine(static_half, array_half) in the body.
+    class State(base):
+        y: jax.Array
+        operator: _Operator
+
+    state = State(jnp.ones(2), _Operator(jnp.sin, 2))
+    dynamic, static = eqx.partition(state, eqx.is_array)
+
+    def body(d):
+        s = eqx.combine(static, d)
+        return eqx.partition(State(s.operator.fn(s.y), s.operator), eqx.is_array)[0]
+
+    out = eqx.combine(static, jax.lax.while_loop(lambda d: False, body, dynamic))
+    out = eqx.combine(static, body(dynamic))
+    assert out.operator.fn is jnp.sin and out.operator.size == 2
+    np.testing.assert_allclose(out.y, jnp.sin(jnp.ones(2)))
