@@ -7,8 +7,10 @@ As a pytest plugin::
 
 As a runner of a script or module::
 
-    python -m autostatic.rebase diffrax,lineax [--drop-static-markers] script.py ARGS
+    python -m autostatic.rebase [--drop-static-markers] diffrax,lineax script.py ARGS
     python -m autostatic.rebase diffrax -m some.module ARGS
+
+(options before the packages: what follows the script or module is its own.)
 
 Every class of the named packages (and modules under them, e.g. a test package) with
 `eqx.Module` as a direct base becomes an `autostatic.AutoModule` subclass. The run
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m autostatic.rebase",
         description="Run a script or module with the eqx.Module classes of PACKAGES "
-        "rebased onto autostatic.AutoModule.",
+        "rebased onto autostatic.AutoModule. Options go before PACKAGES: what "
+        "follows the script or module is its own.",
     )
     parser.add_argument("packages", help="comma-separated, e.g. diffrax,lineax")
     parser.add_argument("--drop-static-markers", action="store_true")

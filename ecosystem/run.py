@@ -201,15 +201,27 @@ def run_mode(
         if problem is None:
             problem = case.find("error")
         if problem is not None:
-            message = (problem.get("message") or problem.text or "").strip()
+            message = "\n".join(filter(None, (problem.get("message"), problem.text)))
             outcome.failed += 1
-            first = next((s for s in message.splitlines() if s.strip()), "")
-            outcome.failures[_node_id(case)] = (classify(message), first[:300])
+            outcome.failures[_node_id(case)] = (classify(message), _gist(message))
         elif case.find("skipped") is not None:
             outcome.skipped += 1
         else:
             outcome.passed += 1
     return outcome
+
+
+_ERROR_LINE = re.compile(r"^E?\s*((\w+\.)*\w+(Error|Exception|Warning)\b.*)$")
+
+
+def _gist(message: str) -> str:
+    """The line of a failure that says what failed: the innermost error line of
+    the traceback (`E   TypeError: ...`), else the message's first line."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    errors = [m[1] for m in map(_ERROR_LINE.match, lines) if m]
+    meaningful = [e for e in errors if "stack outside of JIT" not in e]
+    gist = (meaningful or errors or lines or ["(no message)"])[-1]
+    return gist.strip()[:300]
 
 
 def _node_id(case: ElementTree.Element) -> str:
