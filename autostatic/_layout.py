@@ -26,6 +26,7 @@ they sit.
 import contextlib
 import copy
 import dataclasses
+import struct
 import threading
 import types
 import weakref
@@ -187,6 +188,8 @@ class PlainSplit(NamedTuple):
     layout: "Layout"  # typed
     children: tuple[int, ...]  # field positions
     static: tuple[int, ...]
+    # Static float or complex fields: a zero or NaN there is held as `ExactFloat`.
+    inexact: tuple[int, ...]
 
 
 _layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (
@@ -237,7 +240,7 @@ def _exact_under_eq(x: Any) -> bool:
     not for a float or complex zero (the sign) or NaN (never equal)."""
     kind = type(x)
     if kind is float or kind is complex:
-        return x == x and x != 0
+        return not needs_exact_float(x)
     if isinstance(x, tuple):
         return all(map(_exact_under_eq, x))
     return kind is not Compared
@@ -278,6 +281,33 @@ class SetValue(frozenset):
     set cannot change a treedef JAX has cached. Reads back as a `set`."""
 
     __slots__ = ()
+
+
+def needs_exact_float(x: float | complex) -> bool:
+    """A zero (`0.0 == -0.0`, yet `1 / x` differs) or NaN (never `==` itself): a
+    static value that `==` cannot compare exactly."""
+    return x == 0 or x != x
+
+
+class ExactFloat:
+    """A static float or complex zero or NaN, compared bit for bit: `-0.0` does not
+    share a compiled program with `0.0`, and a NaN reuses its own."""
+
+    __slots__ = ("value", "_bits")
+
+    def __init__(self, value: float | complex):
+        self.value = value
+        parts = (value.real, value.imag) if type(value) is complex else (value,)
+        self._bits = (type(value), struct.pack(f"<{len(parts)}d", *parts))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ExactFloat and self._bits == other._bits
+
+    def __hash__(self) -> int:
+        return hash(self._bits)
+
+    def __repr__(self) -> str:
+        return f"ExactFloat({self.value!r})"
 
 
 class Compared:
@@ -353,9 +383,12 @@ def _compares_in_python(value: Any) -> bool:
 def snapshot_leaf(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, a frozen copy of a set,
     or a `Compared` for a leaf compared in Python."""
-    if type(leaf) is set:
+    kind = type(leaf)
+    if kind is set:
         return SetValue(leaf)
-    if type(leaf) is Jaxpr:
+    if (kind is float or kind is complex) and needs_exact_float(leaf):
+        return ExactFloat(leaf)
+    if kind is Jaxpr:
         return SameProgram(leaf)
     if _compares_in_python(leaf):
         return Compared(leaf)
@@ -366,7 +399,9 @@ def _natural_leaf(leaf: Any) -> Any:
     kind = type(leaf)
     if kind is SetValue:
         return set(leaf)
-    return leaf.value if kind is Compared or kind is SameProgram else leaf
+    if kind is Compared or kind is SameProgram or kind is ExactFloat:
+        return leaf.value
+    return leaf
 
 
 def _natural_leaves(leaves: Iterable[Any]) -> list[Any]:

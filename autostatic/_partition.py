@@ -17,12 +17,14 @@ non-array leaf's place (`_layout`'s kinds). This module also gives the exposed f
 used by model surgery and diagnostics (`expose`, `decide_again`).
 """
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
@@ -41,6 +43,7 @@ from ._layout import (
     layout_for,
     make_aux,
     materialise,
+    needs_exact_float,
     PlainSplit,
     punch,
     real_layer,
@@ -70,7 +73,23 @@ def is_dynamic_leaf(x: Any) -> bool:
 def _is_dynamic(x: Any, array_field: bool) -> bool:
     """Whether a leaf of a field's value is a pytree child: an array, or in a field
     annotated to hold arrays (`_annotations`) what stands for one there."""
-    return eqx.is_array(x) or (array_field and stands_for_array(x))
+    return _is_array(x) or (array_field and stands_for_array(x))
+
+
+def _is_array(x: Any) -> bool:
+    """`eqx.is_array`, less numpy values of a dtype JAX cannot hold: a text, bytes
+    or date scalar (`np.str_("relu")` read from a config) is a static value, as a
+    `str` is; an array of such a dtype is refused at construction."""
+    if not eqx.is_array(x):
+        return False
+    return isinstance(x, jax.Array) or _jax_holds(x.dtype)
+
+
+@functools.cache
+def _jax_holds(dtype: np.dtype) -> bool:
+    if dtype.kind in "mM":  # numpy files timedelta64 under its integers
+        return False
+    return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
 
 
 def _static_problem(value: Any) -> str | None:
@@ -117,6 +136,8 @@ def _plain_kind(value: Any, forced_static: bool, array_field: bool) -> int | Non
     if kind in SCALAR_TYPES:
         if array_field and kind in NUMBER_TYPES and not forced_static:
             return CHILD  # initial loop state: `num_steps: IntScalarLike = 0`
+        if (kind is float or kind is complex) and needs_exact_float(value):
+            return None  # held as an `ExactFloat`
         return STATIC  # the sizes and flags of every layer
     if kind in _plain_array_types and not forced_static:
         return CHILD
@@ -161,14 +182,14 @@ def _check_leaves(
         if type(leaf) in SCALAR_TYPES:
             continue
         if flag:
-            if type(leaf) is np.ndarray and leaf.dtype.hasobject:
-                path = _leaf_paths(flattened)[i]
-                raise TypeError(
-                    f"{where}{path} is a numpy array of dtype {leaf.dtype}, which JAX "
-                    "can neither trace nor store. Convert it to a numeric dtype, or "
-                    "keep the Python objects in a list or tuple (static)."
-                )
             continue
+        if type(leaf) is np.ndarray:  # of objects, text, bytes, dates or records
+            path = _leaf_paths(flattened)[i]
+            raise TypeError(
+                f"{where}{path} is a numpy array of dtype {leaf.dtype}, which JAX "
+                "can neither trace nor store. Convert it to a numeric dtype, or "
+                "keep its items in a list or tuple (static): e.g. `tuple(x.tolist())`."
+            )
         if not warn:
             continue
         problem = _static_problem(leaf)
@@ -193,7 +214,7 @@ def _split_field(
     carried = walk(value, (where,), _to_twin if final else None, met)
     twinned = carried is not value
     if _is_dynamic(carried, array_field):
-        if eqx.is_array(carried) and type(carried) is not np.ndarray:
+        if _is_array(carried) and type(carried) is not np.ndarray:
             _plain_array_types.add(type(carried))
         leaves, treedef = [carried], None
         flags = [True]
@@ -286,7 +307,13 @@ def _plain_split(obj: Any) -> Flat | None:
         children = tuple(i for i, k in enumerate(kinds) if k == CHILD)
         static = tuple(i for i, k in enumerate(kinds) if k != CHILD)
         typed = layout.with_types(tuple(types[i] for i in static))
-        split = spec.plain_splits.setdefault(types, PlainSplit(typed, children, static))
+        inexact = tuple(i for i in static if types[i] is float or types[i] is complex)
+        split = spec.plain_splits.setdefault(
+            types, PlainSplit(typed, children, static, inexact)
+        )
+    for i in split.inexact:
+        if needs_exact_float(values[i]):
+            return None  # decided field by field, so that it is held exactly
     watch = None if spec.twin else Watch(tuple(values), [])
     return (
         tuple([values[i] for i in split.children]),

@@ -1,5 +1,6 @@
 """Semantics 2-4: the per-leaf partition, frozen at the end of __init__, natural paths."""
 
+import math
 from typing import Any
 
 import equinox as eqx
@@ -533,3 +534,34 @@ def test_static_leaves_survive_make_with_state_rewriting_a_module_inside():
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     again = jax.tree_util.tree_map(lambda x: x, model)
     assert again.layers[1] is jax.nn.gelu and again.layers[2].activation is jax.nn.relu
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [lambda z: z, lambda z: (z,), lambda z: [1, z], lambda z: {"z": z}],
+    ids=["scalar", "tuple", "list", "dict"],
+)
+def test_static_floats_compare_bit_for_bit(wrap):
+    class Scaled(asx.AutoModule):
+        w: jax.Array
+        z: object
+
+    def first(z):
+        return z if isinstance(z, float) else jax.tree_util.tree_leaves(z)[-1]
+
+    traces = []
+
+    @jax.jit
+    def f(m):
+        traces.append(None)
+        return m.w / first(m.z)
+
+    w = jnp.ones(1)
+    assert f(Scaled(w, wrap(0.0))).tolist() == [float("inf")]
+    assert f(Scaled(w, wrap(-0.0))).tolist() == [float("-inf")]  # not reused
+    assert len(traces) == 2
+    nan = float("nan")
+    f(Scaled(w, wrap(nan)))
+    f(Scaled(w, wrap(nan)))  # a NaN reuses its own program
+    assert len(traces) == 3
+    assert math.copysign(1.0, first(Scaled(w, wrap(-0.0)).z)) == -1.0

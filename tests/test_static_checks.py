@@ -180,3 +180,43 @@ def test_paths_behind_a_held_layer_name_the_right_item():
             jnp.ones(1),
             [eqx.nn.Dropout(0.1), jnp.ones(1), ft.partial(jnp.add, jnp.ones(2))],
         )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.str_("relu"),
+        np.bytes_(b"gelu"),
+        np.datetime64("2026-01-01"),
+        np.timedelta64(3, "s"),
+    ],
+    ids=["str_", "bytes_", "datetime64", "timedelta64"],
+)
+def test_numpy_text_and_date_scalars_are_static_like_their_python_twins(value):
+    class Config(asx.AutoModule):
+        w: jax.Array
+        name: Any
+
+    class Twin(eqx.Module):
+        w: jax.Array
+        name: Any = eqx.field(static=True)
+
+    m = Config(jnp.ones(2), value)
+    with warnings.catch_warnings():  # Equinox takes it for an array set static
+        warnings.simplefilter("ignore")
+        twin = Twin(jnp.ones(2), value)
+    assert keystrs(m) == keystrs(twin) == [".w"]
+    assert jax.jit(lambda m: m.w * 2)(m).tolist() == [2.0, 2.0]
+    assert m.name == value and asx.explain(m) is not None
+
+
+@pytest.mark.parametrize(
+    "array",
+    [np.array(["a", "b"]), np.array([(1, 2.0)], dtype="i4,f8"), np.array([object()])],
+    ids=["<U1", "structured", "object"],
+)
+def test_numpy_arrays_jax_cannot_hold_are_refused_naming_the_path(array):
+    with pytest.raises(
+        TypeError, match=r"Holder\.thing\[1\] is a numpy array of dtype"
+    ):
+        Holder(jnp.ones(1), [1, array])
