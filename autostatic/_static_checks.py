@@ -31,26 +31,35 @@ _clean: "dict[int, weakref.ref[Any]]" = {}
 
 
 def find_hidden_array(value: Any) -> str | None:
-    """Describes where a jax array hides inside `value`, or returns None if none does."""
+    """Describes where a concrete jax array hides inside `value`, or returns None if
+    none does. A tracer is not reported: a module made inside a traced function
+    (a solver's state, a library's closure) holds that trace's values, and one that
+    escapes the trace fails in JAX itself."""
     known = _clean.get(id(value))
     if known is not None and known() is value:
         return None
-    where = _search(value, 0, set())
-    if where is None:
+    tracers: list[Any] = []
+    where = _search(value, 0, set(), tracers)
+    if where is None and not tracers:
         key = id(value)
         with contextlib.suppress(TypeError):  # not weakly referenceable
             _clean[key] = weakref.ref(value, lambda _: _clean.pop(key, None))
     return where
 
 
-def _search(value: Any, depth: int, seen: set[int]) -> str | None:
+def _search(value: Any, depth: int, seen: set[int], tracers: list[Any]) -> str | None:
+    """Where the first concrete array inside `value` is (tracers met go to
+    `tracers`), or None."""
     if isinstance(value, _ATOMS) or id(value) in seen or depth > _MAX_DEPTH:
+        return None
+    if isinstance(value, jax.core.Tracer):
+        tracers.append(value)
         return None
     if isinstance(value, jax.Array):
         return "an array"
     seen.add(id(value))
     for label, child in _reachable_values(value):
-        found = _search(child, depth + 1, seen)
+        found = _search(child, depth + 1, seen, tracers)
         if found is not None:
             return f"{found} in {label}"
     return None

@@ -220,3 +220,16 @@ def test_numpy_arrays_jax_cannot_hold_are_refused_naming_the_path(array):
         TypeError, match=r"Holder\.thing\[1\] is a numpy array of dtype"
     ):
         Holder(jnp.ones(1), [1, array])
+
+
+def test_a_tracer_closed_over_inside_a_trace_is_not_reported():
+    # Libraries build modules inside traced code (optimistix: a closure over the
+    # step size of this very step); they never leave the trace.
+    @jax.jit
+    def step(w):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            holder = Holder(w, lambda x: x * w)
+        return holder.thing(2.0)
+
+    assert step(jnp.ones(2)).tolist() == [2.0, 2.0]
