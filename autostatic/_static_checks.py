@@ -21,6 +21,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
+from jax.core import Tracer
 
 _MAX_DEPTH = 4
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
@@ -52,7 +53,7 @@ def _search(value: Any, depth: int, seen: set[int], tracers: list[Any]) -> str |
     `tracers`), or None."""
     if isinstance(value, _ATOMS) or id(value) in seen or depth > _MAX_DEPTH:
         return None
-    if isinstance(value, jax.core.Tracer):
+    if isinstance(value, Tracer):
         tracers.append(value)
         return None
     if isinstance(value, jax.Array):
