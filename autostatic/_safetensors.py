@@ -121,9 +121,11 @@ def little_endian(dtype: np.dtype) -> np.dtype:
 
 
 def show(key: str) -> str:
-    """A key path for a message: a file's keys can be any length."""
+    """A key path for a message: a file's keys can be any length, and hold what no
+    terminal prints (a lone surrogate, valid in JSON, is escaped as `\\ud800`)."""
     if not key:
         return "<root>"  # the key path of a tree that is a single array
+    key = key.encode("utf-8", "backslashreplace").decode("utf-8")
     return key if len(key) <= 200 else f"{key[:180]}...({len(key)} chars)"
 
 
@@ -134,7 +136,7 @@ def describe(dtype: np.dtype | str, shape: tuple[int, ...]) -> str:
 
 def clip(value: Any, limit: int = 100) -> str:
     """`repr(value)`, shortened: messages quote values read from hostile files."""
-    text = repr(value)
+    text = repr(value).encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} chars)"
 
 

@@ -4,6 +4,7 @@ saving to a path: atomic, through symbolic links, after killed saves)."""
 import errno
 import io
 import itertools
+import json
 import os
 import signal
 import stat
@@ -490,3 +491,63 @@ def test_a_save_in_progress_elsewhere_keeps_its_temporary_file(tmp_path):
         child.wait()
     save(path, {"a": np.zeros(2, np.float32)})
     assert os.listdir(tmp_path) == ["m.safetensors"]
+
+
+def test_save_writes_into_a_fifo_and_a_character_device(tmp_path):
+    tree = {"w": jnp.arange(3.0)}
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    save(fifo, tree)
+    data = reader.communicate(timeout=60)[0]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still a FIFO, not a new file
+    assert_same_arrays(load(io.BytesIO(data), tree), tree)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]  # no temporary file left
+    save("/dev/null", tree)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_save_refuses_a_folder_naming_it(tmp_path):
+    with pytest.raises(CheckpointError, match=r"it is a folder"):
+        save(tmp_path, {"w": jnp.ones(2)})
+
+
+def test_save_replaces_the_inode_so_other_hard_links_keep_the_old_file(tmp_path):
+    path, link = tmp_path / "model.safetensors", tmp_path / "backup.safetensors"
+    save(path, {"w": jnp.zeros(2)})
+    os.link(path, link)
+    save(path, {"w": jnp.ones(2)})
+    np.testing.assert_array_equal(load(link, {"w": jnp.zeros(2)})["w"], [0.0, 0.0])
+    np.testing.assert_array_equal(load(path, {"w": jnp.zeros(2)})["w"], [1.0, 1.0])
+    assert os.stat(path).st_uid == os.getuid()
+
+
+def test_save_into_a_missing_folder_names_the_path_given(tmp_path):
+    target = tmp_path / "missing" / "model.safetensors"
+    with pytest.raises(FileNotFoundError) as info:
+        save(target, {"w": jnp.ones(2)})
+    assert info.value.filename == str(target)
+    assert ".tmp" not in str(info.value)
+
+
+def test_save_of_a_deleted_array_names_it_before_writing_a_byte():
+    w = jnp.ones(3)
+    tree = {"a": jnp.zeros(1), "w": w}
+    w.delete()
+    f = io.BytesIO()
+    with pytest.raises(CheckpointError, match=r"\['w'\] has been deleted"):
+        save(f, tree)
+    assert f.getvalue() == b""
+
+
+def test_error_quoting_a_lone_surrogate_key_prints():
+    # A file written elsewhere: its JSON header may name a tensor "\ud800".
+    header = json.dumps(
+        {"\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    ).encode()
+    data = len(header).to_bytes(8, "little") + header + np.ones(1, "<f4").tobytes()
+    with pytest.raises(CheckpointError) as info:
+        load(io.BytesIO(data), {"a": jnp.ones(1)})
+    text = str(info.value)
+    text.encode("utf-8")  # printable: no lone surrogate left in the message
+    assert "\\ud800" in text
