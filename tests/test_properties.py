@@ -2,8 +2,11 @@
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
-from hypothesis import given, HealthCheck, settings
+from hypothesis import given, HealthCheck, settings, strategies as st
+
+import autostatic as asx
 
 from .helpers import array_keystrs, Box, build, descs, EqxBox, keystrs, TraceCounter
 
@@ -59,3 +62,45 @@ def test_jit_identity_returns_an_equal_module_and_no_retrace(desc_a, desc_b):
     identity(rebuilt)
     identity(jax.tree_util.tree_map(lambda x: x + 1, first))
     assert counter.count == 1
+
+
+class _Scaled(asx.AutoModule):
+    w: jax.Array
+    config: object  # a number in a container, or alone: static unless numpy
+
+
+def _number(config):
+    return (
+        jax.tree_util.tree_leaves(config)[-1] if type(config) is not float else config
+    )
+
+
+# One jitted function for every example: a trace wrongly reused across static
+# values of different types or bits gives a result that differs from eager.
+@jax.jit
+def _scaled(m):
+    return m.w * _number(m.config)
+
+
+numbers = st.one_of(
+    st.integers(-3, 3),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([0.0, -0.0, float("nan"), True, False, 1, 1.0, 1 + 0j, -0j]),
+    st.complex_numbers(max_magnitude=4, allow_nan=False, width=64),
+    st.sampled_from([np.float32(-0.0), np.int8(2), np.bool_(True), np.float16(0.5)]),
+)
+wrappers = st.sampled_from(
+    [lambda x: x, lambda x: (x,), lambda x: [0, x], lambda x: {"k": x}]
+)
+
+
+@property_settings
+@given(numbers, wrappers)
+def test_static_numbers_give_the_eager_result_under_jit(number, wrap):
+    model = _Scaled(jnp.ones(2, jnp.float32), wrap(number))
+    eager, jitted = model.w * _number(model.config), _scaled(model)
+    assert jitted.dtype == eager.dtype
+    np.testing.assert_array_equal(jitted, eager)
+    np.testing.assert_array_equal(
+        np.signbit(np.real(jitted)), np.signbit(np.real(eager))
+    )
