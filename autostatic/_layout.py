@@ -272,8 +272,18 @@ def make_aux(layout: Layout, entries: tuple[Any, ...]) -> Aux:
 
 
 def static_equal(a: Any, b: Any) -> bool:
-    """Static values as the jit cache compares them: same type, then `==`."""
-    return a is b or (type(a) is type(b) and bool(a == b))
+    """Static leaves as the jit cache compares them: the same type, then floats bit
+    for bit, jaxprs as programs, anything else with `==`."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is float or kind is complex:
+        return ExactFloat(a) == ExactFloat(b)
+    if kind is Jaxpr:
+        return SameProgram(a) == SameProgram(b)
+    return bool(a == b)
 
 
 class SetValue(frozenset):

@@ -192,3 +192,18 @@ def test_diagnostics_handle_prng_keys_static_arguments_and_python_scalars(caplog
     named(jnp.ones(2), scale=2.0)
     named(jnp.ones(2), scale=3.0)
     assert named.retraces[0][1][0].path == "scale"
+
+
+def test_retrace_reasons_name_a_signed_zero_and_a_number_type():
+    class Scaled(asx.AutoModule):
+        w: jax.Array
+        config: object
+
+    def reasons(a, b):
+        return asx.retrace_reasons(Scaled(jnp.ones(1), a), Scaled(jnp.ones(1), b))
+
+    assert [(r.kind, r.path) for r in reasons(0.0, -0.0)] == [("static", ".config")]
+    assert [(r.kind, r.path) for r in reasons((2,), (2.0,))] == [
+        ("static", ".config[0]")
+    ]
+    assert reasons(float("nan"), float("nan")) == []
