@@ -222,7 +222,9 @@ def _split_field(
         leaves, treedef = jtu.tree_flatten(carried)
         arrays = _plain_array_types
         flags = [type(x) in arrays or _is_dynamic(x, array_field) for x in leaves]
-        if any(stands_for_array(x) for x, f in zip(leaves, flags) if not f):
+        if (has_partition(carried) or treedef.num_nodes != len(leaves) + 1) and any(
+            stands_for_array(x) for x, f in zip(leaves, flags) if not f
+        ):  # a module, or a nest that may hold one (a flat list or tuple holds none)
             flags = _decided_by_modules(carried, flags)
     n_dynamic = sum(flags)
     _check_leaves(where, carried, leaves, flags, final)

@@ -188,3 +188,25 @@ def test_numbers_in_array_fields_match_eqx_module_leaves(numbers):
         (x.dtype, float(x)) for x in doubled_ref.xs
     ]
     assert ours.sizes == list(numbers)
+
+
+def test_loop_state_held_directly_by_another_field_stays_a_leaf():
+    # diffrax: `State.save_state: PyTree[SaveState]` holding a SaveState whose
+    # `save_index: IntScalarLike` starts as 0 and is an array after a step.
+    class Inner(asx.AutoModule):
+        index: Int[ArrayLike, ""]
+        ts: jax.Array
+
+    class Outer(asx.AutoModule):
+        inner: Any  # not annotated as an array: the inner module decides
+
+    def body(o):
+        return Outer(Inner(o.inner.index + 1, o.inner.ts))
+
+    out = jax.jit(
+        lambda ts: jax.lax.while_loop(
+            lambda o: o.inner.index < 2, body, Outer(Inner(0, ts))
+        )
+    )(jnp.zeros(3))
+    assert int(out.inner.index) == 2
+    assert keystrs(Outer(Inner(0, jnp.zeros(3)))) == [".inner.index", ".inner.ts"]
