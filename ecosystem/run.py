@@ -34,9 +34,9 @@ from pathlib import Path
 # Library, the folder of its tests in its repository.
 LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
 # The sample taken by default: every K-th item of each file, so that the three modes
-# of all three libraries run in about an hour on 2 CPU cores (lineax's items are
-# many and slow: 4215 items at about 2.6 s each).
-EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 9}
+# of all three libraries run in about an hour on this 2-core machine (lineax has 4215
+# items at about 3 s each; diffrax's items compile whole solves, 5-10 s each).
+EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 18}
 MODES = {
     "baseline": [],
     "b": ["-p", "autostatic.rebase", "--autostatic-rebase={packages}"],
