@@ -11,6 +11,10 @@ from ._diagnostics import (
 from ._eqx_format import load_eqx as load_eqx
 from ._module import AutoModule as AutoModule
 from ._rebase import Rebase as Rebase, rebase as rebase, RebaseError as RebaseError
+from ._retrace import (
+    RetraceWarning as RetraceWarning,
+    warn_on_retrace as warn_on_retrace,
+)
 from ._safetensors import CheckpointError as CheckpointError
 from ._serialisation import (
     tree_deserialise_leaves as tree_deserialise_leaves,

@@ -129,6 +129,7 @@ class Layout:
         "untyped",
         "typed",
         "fill",
+        "last_aux",
     )
 
     def __init__(
@@ -161,6 +162,8 @@ class Layout:
         self.untyped: Layout = self
         self.typed: dict[tuple[type, ...], Layout] = {}
         self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
+        # The aux of the node of this layout last unflattened (`_retrace`).
+        self.last_aux: Aux | None = None
 
     def with_types(self, static_types: tuple[type, ...]) -> "Layout":
         """This split with these entry types, one object per types tuple."""
@@ -718,6 +721,9 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     return obj
 
 
+_lazy_unflatten = unflatten
+
+
 def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     """For classes on which a field name resolves through a base (see `needs_eager`)."""
     obj = unflatten(cls, aux, children)
@@ -831,11 +837,37 @@ def _generated_flatten(
     return namespace["flatten"]
 
 
+NewAux = Callable[[type, Aux, tuple[Any, ...]], None]
+
+
+def _noting_new_aux(
+    unflatten: Callable[[type, Aux, tuple[Any, ...]], Any], on_new_aux: NewAux
+) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
+    """`unflatten` that calls `on_new_aux` when a node's aux is not the last one its
+    layout met (one identity check otherwise: aux records are interned)."""
+    eager = unflatten is not _lazy_unflatten
+
+    def unflatten_noting(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
+        if eager:
+            obj = unflatten(cls, aux, children)
+        else:  # the lazy unflatten, inline: it runs for every node of every tree_map
+            obj = _object_new(cls)
+            _set_flat(obj, (children, aux, None))
+        layout = aux[0]
+        if layout.last_aux is not aux:
+            layout.last_aux = aux
+            on_new_aux(cls, aux, children)
+        return obj
+
+    return unflatten_noting
+
+
 def flatten_functions(
     cls: type,
     refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]],
     *,
     filled: bool = False,
+    on_new_aux: NewAux | None = None,
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """Flatten, flatten-with-keys and unflatten for the new class `cls`.
 
@@ -843,7 +875,8 @@ def flatten_functions(
     partition was decided from, or that has none yet (flattened from inside its own
     `__init__` or `__check_init__`), gets `refresh(obj)`. Unflatten is lazy, unless
     `filled` (twins of Equinox layers, whose attributes are read at once) or a base
-    shadows a field (`needs_eager`).
+    shadows a field (`needs_eager`); with `on_new_aux`, it reports each aux that is
+    not the last one of its layout.
     """
     flatten = _generated_flatten(cls, refresh)
 
@@ -853,11 +886,10 @@ def flatten_functions(
 
     if filled:
         return flatten, flatten_with_keys, unflatten_filled
-    return (
-        flatten,
-        flatten_with_keys,
-        unflatten_eager if needs_eager(cls) else unflatten,
-    )
+    chosen = unflatten_eager if needs_eager(cls) else unflatten
+    if on_new_aux is not None:
+        chosen = _noting_new_aux(chosen, on_new_aux)
+    return flatten, flatten_with_keys, chosen
 
 
 def moved_defaults(cls: type) -> set[str]:

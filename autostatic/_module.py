@@ -92,12 +92,22 @@ class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
 
     Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
     most-derived `__init__` has finished (after converters), every leaf of every field
-    is sorted once: arrays (and `jax.ShapeDtypeStruct`s) are pytree children, every
-    other leaf is static aux data, split per leaf inside mixed containers. The
-    attributes stay the values assigned (a list is a `list`, a layer an `eqx.nn`
-    layer) and the instance is immutable; a container changed in place is noticed at
-    the next flatten. Plain `jax.jit`, `jax.grad` and `jax.vmap` accept it directly
-    and its key paths are the natural ones (`.layers[0].weight`).
+    is sorted once: arrays are pytree children, every other leaf is static aux data,
+    split per leaf inside mixed containers. The attributes stay the values assigned (a
+    list is a `list`, a layer an `eqx.nn` layer); a container changed in place is
+    noticed at the next flatten. Plain `jax.jit`, `jax.grad` and `jax.vmap` accept it
+    directly and its key paths are the natural ones (`.layers[0].weight`).
+
+    What differs from `eqx.Module`:
+
+    - A Python number is static, so a new value compiles anew (a `RetraceWarning`
+      says so after 8 values of one field), unless the field is annotated to hold
+      arrays (`n: Int[ArrayLike, ""]`, `lr: float | jax.Array`): there numbers (and
+      `ShapeDtypeStruct`s) are leaves, as in an `eqx.Module`.
+    - The instance is immutable after `__init__` (`autostatic.tree_at` makes copies).
+    - `==` is true for the same class, equal static values and the very same array
+      objects, and every instance is hashable (use `eqx.tree_equal` for values).
+    - `eqx.field(static=True)` on an array is an error; on anything else it is kept.
     """
 
     # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's

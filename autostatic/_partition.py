@@ -55,6 +55,7 @@ from ._layout import (
     TWINNED,
     unflatten,
 )
+from ._retrace import note_new_aux
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._twins import is_twin_class, is_twinned_class, twin_class
 
@@ -405,8 +406,9 @@ def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:
 def flatten_functions(
     cls: type,
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """The flatten functions of a new AutoModule class."""
-    return layout_flatten_functions(cls, _refresh)
+    """The flatten functions of a new AutoModule class; its unflatten notes the
+    static values it is traced with (`_retrace`)."""
+    return layout_flatten_functions(cls, _refresh, on_new_aux=note_new_aux)
 
 
 install_flatten_generator(

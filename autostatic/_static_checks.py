@@ -137,13 +137,15 @@ def _user_stacklevel() -> int:
     return level
 
 
-def warn_once(key: tuple[str, ...], message: str) -> None:
+def warn_once(
+    key: tuple[str, ...], message: str, category: type[Warning] = UserWarning
+) -> None:
     """Warns once per `key` (class, attribute and cause) for the whole process,
     pointing at the user's code."""
     if key in _warned:
         return
     _warned.add(key)
-    warnings.warn(message, UserWarning, stacklevel=_user_stacklevel())
+    warnings.warn(message, category, stacklevel=_user_stacklevel())
 
 
 def is_uncomparable(value: Any) -> bool:

@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
@@ -94,6 +95,7 @@ wrappers = st.sampled_from(
 )
 
 
+@pytest.mark.filterwarnings("ignore::autostatic.RetraceWarning")  # retraced on purpose
 @property_settings
 @given(numbers, wrappers)
 def test_static_numbers_give_the_eager_result_under_jit(number, wrap):

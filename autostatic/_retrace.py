@@ -1,0 +1,113 @@
+"""Retraces nobody asked for: a static number or a fresh function traced with many
+values of one field.
+
+A Python float in a field not annotated as an array is static, so each new value
+compiles anew (50 learning rates, 50 compiles), silently. JAX unflattens a jitted
+function's arguments from tracers when, and only when, it traces: so an AutoModule's
+unflatten sees every trace. It compares its aux data with the last one of the same
+layout by identity (aux records are interned: equal static values, same object), which
+is all a step that reuses its program pays; only a new aux is looked into, and only
+while tracing does it count the values of each static field. After `after` distinct
+values of one field (8 by default) it warns once, naming `Class.field`, the values and the fix.
+"""
+
+import types
+from typing import Any
+
+import jax.tree_util as jtu
+from jax.core import Tracer
+
+from ._layout import Aux, ExactFloat, STATIC
+from ._static_checks import warn_once
+
+
+class RetraceWarning(UserWarning):
+    """A static value of an AutoModule field has been traced with many values.
+
+    Silence it with `warnings.filterwarnings("ignore", category=RetraceWarning)`, or
+    `autostatic.warn_on_retrace(None)`."""
+
+
+# Several, yet above what a parametrised test suite traces one field with: a training
+# loop whose step gets a new static learning rate each call reaches it in 8 steps.
+DEFAULT_AFTER = 8
+_after: int | None = DEFAULT_AFTER
+# (class, field) -> the distinct static values traced there (up to `_KEPT`).
+_seen: dict[tuple[type, str], list[Any]] = {}
+_KEPT = 8
+_generation = 0  # a new one per `warn_on_retrace`: each field may warn again
+
+
+def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
+    """Warn (`RetraceWarning`) when a static number or function of an AutoModule field
+    has been traced with `after` distinct values; `None` turns the check off.
+
+    **Arguments:**
+
+    - `after`: how many distinct values of one field make a warning (at least 2).
+    """
+    global _after, _generation
+    if after is not None and after < 2:
+        raise ValueError(f"after={after}: give at least 2, or None to turn it off")
+    _after = after
+    _generation += 1
+    _seen.clear()
+
+
+def note_new_aux(cls: type, aux: Aux, children: tuple[Any, ...]) -> None:
+    """Called by an AutoModule's unflatten for an aux that is not the last one of its
+    layout: while tracing, counts the values of its static fields."""
+    if _after is not None and _is_traced(children):
+        _note(cls, aux)
+
+
+def _is_traced(children: tuple[Any, ...]) -> bool:
+    return any(isinstance(x, Tracer) for x in jtu.tree_leaves(children))
+
+
+def _note(cls: type, aux: Aux) -> None:
+    layout = aux.layout
+    for name, kind, entry in zip(layout.entry_names, layout.entry_kinds, aux.entries):
+        value = entry.value if type(entry) is ExactFloat else entry
+        if kind != STATIC or not _is_varying_kind(value):
+            continue
+        key = (cls, name)
+        values = _seen.setdefault(key, [])
+        if any(_same(value, v) for v in values):
+            continue
+        if len(values) < _KEPT:
+            values.append(value)
+        if _after is not None and len(values) >= _after:
+            warn_once(
+                ("retrace", str(_generation), cls.__qualname__, str(id(cls)), name),
+                _message(cls, name, values),
+                RetraceWarning,
+            )
+
+
+def _is_varying_kind(value: Any) -> bool:
+    kind = type(value)
+    return kind in (int, float, complex) or kind is types.FunctionType
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and a == b)
+
+
+def _message(cls: type, name: str, values: list[Any]) -> str:
+    where = f"{cls.__qualname__}.{name}"
+    if type(values[0]) is types.FunctionType:
+        return (
+            f"{where} has been traced with {len(values)} different function objects "
+            f"({values[0].__qualname__}, ...): each new one compiles anew. Define the "
+            "function once (not a lambda or closure made per call), or hold its "
+            "changing data as arrays in the module."
+        )
+    shown = ", ".join(map(repr, values[:_KEPT]))
+    return (
+        f"{where} has been traced with {len(values)} different values ({shown}): it "
+        "is a static Python number, so each new value compiles anew. If it changes "
+        f"between calls, annotate the field as an array (`{name}: float | jax.Array`) "
+        f"or convert it (`{name}: jax.Array = eqx.field(converter=jnp.asarray)`), "
+        "so that it is a traced leaf."
+    )

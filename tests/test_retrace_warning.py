@@ -1,0 +1,89 @@
+"""Retraces nobody asked for are reported: a static number or a fresh function traced
+with several values of one field warns once, naming Class.field and the fix."""
+
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autostatic as asx
+from autostatic import _static_checks
+
+from .helpers import TraceCounter
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    _static_checks._warned.clear()
+    asx.warn_on_retrace(3)
+    yield
+    asx.warn_on_retrace()
+
+
+class Net(asx.AutoModule):
+    w: jax.Array
+    lr: float
+    activation: Callable
+
+    def __call__(self, x):
+        return self.activation(self.w * x * self.lr)
+
+
+def test_a_changing_static_float_warns_once_after_three_traces():
+    counter = TraceCounter(lambda m, x: m(x))
+    f = jax.jit(counter)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for lr in (0.1, 0.2, 0.1, 0.3, 0.4, 0.5):
+            f(Net(jnp.ones(2), lr, jax.nn.relu), 1.0)
+    retraces = [w for w in caught if issubclass(w.category, asx.RetraceWarning)]
+    assert counter.count == 5  # the same value (0.1) reuses its program
+    assert len(retraces) == 1
+    message = str(retraces[0].message)
+    assert "Net.lr has been traced with 3 different values (0.1, 0.2, 0.3)" in message
+    assert "lr: float | jax.Array" in message
+    assert retraces[0].filename == __file__  # points at the user's call
+
+
+def test_a_fresh_function_each_call_warns():
+    f = jax.jit(lambda m, x: m(x))
+    with pytest.warns(asx.RetraceWarning, match=r"Net\.activation .* function objects"):
+        for scale in (1.0, 2.0, 3.0):
+            f(Net(jnp.ones(2), 0.5, lambda x, s=scale: x * s), 1.0)
+
+
+def test_no_warning_when_values_repeat_or_when_silenced():
+    f = jax.jit(lambda m, x: m(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(5):
+            for lr in (0.1, 0.2):  # two programs, reused
+                f(Net(jnp.ones(2), lr, jax.nn.relu), 1.0)
+        asx.warn_on_retrace(None)
+        for lr in (0.3, 0.4, 0.5, 0.6):
+            f(Net(jnp.ones(2), lr, jax.nn.relu), 1.0)
+
+
+def test_tree_maps_outside_a_trace_are_not_counted():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for lr in (0.1, 0.2, 0.3, 0.4):
+            jax.tree.map(lambda x: x + 1, Net(jnp.ones(2), lr, jax.nn.relu))
+
+
+def test_the_default_waits_for_eight_values():
+    asx.warn_on_retrace()
+    f = jax.jit(lambda m, x: m(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(7):
+            f(Net(jnp.ones(2), 0.1 * i, jax.nn.relu), 1.0)
+    with pytest.warns(asx.RetraceWarning, match="8 different values"):
+        f(Net(jnp.ones(2), 0.9, jax.nn.relu), 1.0)
+
+
+def test_warn_on_retrace_checks_its_argument():
+    with pytest.raises(ValueError, match="at least 2"):
+        asx.warn_on_retrace(1)
