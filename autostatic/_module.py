@@ -108,6 +108,24 @@ class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
     - `==` is true for the same class, equal static values and the very same array
       objects, and every instance is hashable (use `eqx.tree_equal` for values).
     - `eqx.field(static=True)` on an array is an error; on anything else it is kept.
+
+    Example:
+
+    ```python
+    >>> import jax, jax.numpy as jnp
+    >>> import autostatic as asx
+    >>> class Scale(asx.AutoModule):
+    ...     w: jax.Array
+    ...     activation: object  # a function: static, no marker needed
+    ...     def __call__(self, x):
+    ...         return self.activation(self.w * x)
+    >>> m = Scale(jnp.array([1.0, -2.0]), jax.nn.relu)
+    >>> jax.tree_util.tree_leaves(m) == [m.w]
+    True
+    >>> jax.jit(lambda m, x: m(x))(m, 1.0).tolist()  # plain jax.jit
+    [1.0, 0.0]
+
+    ```
     """
 
     # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's

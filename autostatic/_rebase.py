@@ -195,7 +195,7 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
             f"autostatic rebase: {', '.join(imported[:3])} "
             f"{'is' if len(imported) == 1 else 'are'} imported already, so "
             "its classes are eqx.Modules and stay so. Install the rebase before the "
-            "first import (pytest: -p autostatic.rebase --autostatic-rebase=...)."
+            "first import (pytest: -p autostatic.rebased --autostatic-rebase=...)."
         )
     installed = Rebase(names, drop_static_markers)
     installed._undo.append(_wrap_build_class(installed))

@@ -9,7 +9,7 @@ of each file, in collection order; K=1 runs everything) is run three times:
 
 - baseline: the library as installed;
 - b: every `eqx.Module` class of the library and of its tests rebased onto
-  `autostatic.AutoModule` (`pytest -p autostatic.rebase`), static markers kept;
+  `autostatic.AutoModule` (`pytest -p autostatic.rebased`), static markers kept;
 - b2: the same with every `eqx.field(static=True)` marker removed.
 
 Each failure is put under the cause its message names (`CAUSES`), and the report
@@ -39,10 +39,10 @@ LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
 EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 18}
 MODES = {
     "baseline": [],
-    "b": ["-p", "autostatic.rebase", "--autostatic-rebase={packages}"],
+    "b": ["-p", "autostatic.rebased", "--autostatic-rebase={packages}"],
     "b2": [
         "-p",
-        "autostatic.rebase",
+        "autostatic.rebased",
         "--autostatic-rebase={packages}",
         "--autostatic-drop-static-markers",
     ],

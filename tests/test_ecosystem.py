@@ -36,7 +36,7 @@ def stock() -> dict:
 @pytest.mark.parametrize("drop", [False, True], ids=["markers kept", "markers dropped"])
 def test_rebased_libraries_give_stock_results(stock, drop):
     flags = ["--drop-static-markers"] if drop else []
-    rebased = _run("-m", "autostatic.rebase", *flags, LIBRARIES)
+    rebased = _run("-m", "autostatic.rebased", *flags, LIBRARIES)
     assert stock["rebased"] == [False, False, False]
     assert rebased["rebased"] == [True, True, True]
     assert rebased["is_module"] and rebased["steps"] == stock["steps"]

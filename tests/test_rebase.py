@@ -165,7 +165,7 @@ def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
 def test_pytest_plugin_rebases_a_library_and_its_tests(tmp_path):
     _write_project(tmp_path)
     run = _pytest(
-        tmp_path, "-p", "autostatic.rebase", "--autostatic-rebase=fakelib,fake_tests"
+        tmp_path, "-p", "autostatic.rebased", "--autostatic-rebase=fakelib,fake_tests"
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 passed" in run.stdout
@@ -177,7 +177,7 @@ def test_pytest_plugin_rebases_a_library_and_its_tests(tmp_path):
 def test_pytest_plugin_refuses_a_rebase_that_did_nothing(tmp_path):
     _write_project(tmp_path)
     run = _pytest(
-        tmp_path, "-p", "autostatic.rebase", "--autostatic-rebase=fakelib,fakelbi"
+        tmp_path, "-p", "autostatic.rebased", "--autostatic-rebase=fakelib,fakelbi"
     )
     assert run.returncode != 0
     assert "'fakelbi' was never imported" in run.stdout + run.stderr
@@ -191,7 +191,7 @@ def test_runner_runs_a_script_rebased(tmp_path):
         "print(issubclass(fakelib.Base, asx.AutoModule))\n"
     )
     run = subprocess.run(
-        [sys.executable, "-m", "autostatic.rebase", "fakelib", str(script)],
+        [sys.executable, "-m", "autostatic.rebased", "fakelib", str(script)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -200,3 +200,11 @@ def test_runner_runs_a_script_rebased(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
     assert "fakelib: 2 direct eqx.Module subclasses rebased" in run.stderr
+
+
+def test_the_plugin_module_does_not_shadow_the_function():
+    # A module named like the function would replace it as an attribute of the
+    # package once imported (pytest -p in the same process).
+    import autostatic.rebased  # noqa: F401
+
+    assert callable(asx.rebase) and asx.rebase.__module__ == "autostatic._rebase"

@@ -1,5 +1,5 @@
 """One diffrax solve, one lineax solve and one optimistix root find, printed as JSON;
-run stock and rebased (`python -m autostatic.rebase diffrax,lineax,optimistix ...`)
+run stock and rebased (`python -m autostatic.rebased diffrax,lineax,optimistix ...`)
 by tests/test_ecosystem.py, which compares the two."""
 
 import json

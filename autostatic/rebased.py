@@ -2,13 +2,13 @@
 
 As a pytest plugin::
 
-    pytest -p autostatic.rebase --autostatic-rebase=diffrax,lineax,test \\
+    pytest -p autostatic.rebased --autostatic-rebase=diffrax,lineax,test \\
         [--autostatic-drop-static-markers]
 
 As a runner of a script or module::
 
-    python -m autostatic.rebase [--drop-static-markers] diffrax,lineax script.py ARGS
-    python -m autostatic.rebase diffrax -m some.module ARGS
+    python -m autostatic.rebased [--drop-static-markers] diffrax,lineax script.py ARGS
+    python -m autostatic.rebased diffrax -m some.module ARGS
 
 (options before the packages: what follows the script or module is its own.)
 
@@ -88,7 +88,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m autostatic.rebase",
+        prog="python -m autostatic.rebased",
         description="Run a script or module with the eqx.Module classes of PACKAGES "
         "rebased onto autostatic.AutoModule. Options go before PACKAGES: what "
         "follows the script or module is its own.",
