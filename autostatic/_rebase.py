@@ -48,7 +48,7 @@ class Rebase:
     def package_of(self, module: str) -> str | None:
         return next((p for p in self.packages if _is_within(module, p)), None)
 
-    def rebase_class_statement(
+    def _rebase_class_statement(
         self, module: str, name: str, bases: tuple[Any, ...], kwds: dict[str, Any]
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The bases and keywords of a class statement in `module`: `eqx.Module` as
@@ -68,7 +68,7 @@ class Rebase:
             kwds = {**kwds, "metaclass": auto_meta}
         return bases, kwds
 
-    def drop_markers(
+    def _drop_markers(
         self, mcs: type, name: str, bases: tuple[type, ...], namespace: dict[str, Any]
     ) -> tuple[type, tuple[type, ...], dict[str, Any]]:
         """The namespace of a new AutoModule class of a named package, without
@@ -139,7 +139,7 @@ def _without_static_markers(
 
 
 def _wrap_build_class(installed: Rebase) -> Callable[[], None]:
-    """Passes every class statement through `installed.rebase_class_statement`:
+    """Passes every class statement through `installed._rebase_class_statement`:
     the one point where bases and the metaclass are chosen, before Python computes
     the metaclass (a library's own subclass of Equinox's metaclass, as diffrax's
     `PIDController` has, must derive from AutoModule's too)."""
@@ -147,7 +147,7 @@ def _wrap_build_class(installed: Rebase) -> Callable[[], None]:
 
     def __build_class__(func: Any, name: str, /, *bases: Any, **kwds: Any) -> Any:
         module = getattr(func, "__globals__", {}).get("__name__", "")
-        new_bases, kwds = installed.rebase_class_statement(module, name, bases, kwds)
+        new_bases, kwds = installed._rebase_class_statement(module, name, bases, kwds)
         return original(func, name, *new_bases, **kwds)
 
     builtins.__build_class__ = __build_class__
@@ -200,7 +200,7 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
     installed = Rebase(names, drop_static_markers)
     installed._undo.append(_wrap_build_class(installed))
     if drop_static_markers:
-        installed._undo.append(wrap_module_creation(installed.drop_markers))
+        installed._undo.append(wrap_module_creation(installed._drop_markers))
     _active = installed
     return installed
 
