@@ -50,6 +50,11 @@ MODES = {
 # A failure's cause, by a pattern of its message: (name, pattern, reason).
 CAUSES: list[tuple[str, str, str]] = [
     (
+        "crash",
+        r"exit code -\d+",
+        "the interpreter died (a signal) before the item reported",
+    ),
+    (
         "timeout",
         r"Timeout|timed out",
         "the item ran past the per-item time limit",
@@ -160,6 +165,26 @@ def classify(message: str) -> str:
 def run_mode(
     root: Path, library: str, mode: str, items: list[str], timeout: int
 ) -> Outcome:
+    """Runs `items` in `mode`, one pytest process per test file: a test that kills
+    its interpreter (diffrax's suite has one) loses only its own file's remaining
+    items, each counted as a crash."""
+    outcome = Outcome(mode, len(items))
+    per_file: dict[str, list[str]] = {}
+    for item in items:
+        per_file.setdefault(item.split("::")[0], []).append(item)
+    for file_items in per_file.values():
+        _run_file(root, library, mode, file_items, timeout, outcome)
+    return outcome
+
+
+def _run_file(
+    root: Path,
+    library: str,
+    mode: str,
+    items: list[str],
+    timeout: int,
+    outcome: Outcome,
+) -> None:
     packages = f"{library},{LIBRARIES[library]}"
     args = [a.format(packages=packages) for a in MODES[mode]]
     junit = root / f"junit-{mode}.xml"
@@ -168,12 +193,7 @@ def run_mode(
     run = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={junit}",
+            *("-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"),
             *args,
             *items,
         ],
@@ -185,32 +205,37 @@ def run_mode(
         # same seed in every mode makes their random matrices the same.
         env={**os.environ, "JAX_PLATFORMS": "cpu", "EQX_GETKEY_SEED": "0"},
     )
-    outcome = Outcome(mode, len(items), seconds=time.perf_counter() - start)
+    outcome.seconds += time.perf_counter() - start
     summary = re.search(r"autostatic rebase: .*", run.stdout)
-    outcome.rebase_summary = summary[0] if summary else ""
+    outcome.rebase_summary = outcome.rebase_summary or (summary[0] if summary else "")
     cases = (
         list(ElementTree.parse(junit).getroot().iter("testcase"))
         if junit.exists()
         else []
     )
-    if not cases:  # a collection or usage error: every item failed
-        tail = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no output"]
-        outcome.failed = len(items)
-        outcome.failures = {i: (classify(tail[0]), tail[0][:300]) for i in items}
-        return outcome
+    seen = set()
     for case in cases:
+        name = case.get("name") or ""
+        node = next((i for i in items if i.endswith("::" + name)), name)
+        seen.add(node)
         problem = case.find("failure")
         if problem is None:
             problem = case.find("error")
         if problem is not None:
             message = "\n".join(filter(None, (problem.get("message"), problem.text)))
             outcome.failed += 1
-            outcome.failures[_node_id(case)] = (classify(message), _gist(message))
+            outcome.failures[node] = (classify(message), _gist(message))
         elif case.find("skipped") is not None:
             outcome.skipped += 1
         else:
             outcome.passed += 1
-    return outcome
+    lost = [i for i in items if i not in seen]
+    if lost:  # the process died, or could not collect the file
+        tail = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no output"]
+        why = f"not run: pytest ended with exit code {run.returncode} ({tail[0][:200]})"
+        cause = "crash" if run.returncode < 0 or not cases else classify(tail[0])
+        outcome.failed += len(lost)
+        outcome.failures.update({i: (cause, why) for i in lost})
 
 
 _ERROR_LINE = re.compile(r"^E?\s*((\w+\.)*\w+(Error|Exception|Warning)\b.*)$")
@@ -224,11 +249,6 @@ def _gist(message: str) -> str:
     meaningful = [e for e in errors if "stack outside of JIT" not in e]
     gist = (meaningful or errors or lines or ["(no message)"])[-1]
     return gist.strip()[:300]
-
-
-def _node_id(case: ElementTree.Element) -> str:
-    classname = case.get("classname") or ""
-    return classname.replace(".", "/") + ".py::" + (case.get("name") or "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +293,10 @@ def main(argv: list[str] | None = None) -> int:
             "outcomes": [asdict(o) for o in outcomes],
         }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    path = args.out / "results.json"
+    if args.only and path.exists():  # the other libraries' results stay as they were
+        results = {**json.loads(path.read_text()), **results}
+    path.write_text(json.dumps(results, indent=1) + "\n")
     from .report import render
 
     (args.out / "report.md").write_text(render(results))
