@@ -9,6 +9,28 @@ _REASONS = {name: reason for name, _, reason in CAUSES} | {
 }
 
 
+# What is known of particular failures, by a piece of their node id.
+EXPLAINED = {
+    "test_optax_recompilation": (
+        "deliberate difference: autostatic's hidden-array warning names the learning "
+        "rate inside optax's closure, which optimistix keeps in an "
+        "equinox.internal closure-to-pytree wrapper whose cells are leaves beside it; "
+        "the suite's filterwarnings = error turns the warning into the failure. The "
+        "warning is right for a user's partial or closure beside its array (it bakes "
+        "a constant), and cannot tell this wrapper from one"
+    ),
+    "test_small_wellposed[float64-<lambda>-make_jacrev_operator-solver120": (
+        "unexplained, not reproduced: the item passes alone in mode b (4 of 4 runs, "
+        "random seeds) and in the same 79-item sequence with EQX_GETKEY_SEED=0; "
+        "it failed only in the single-process runs with a random seed per test"
+    ),
+}
+
+
+def _explained(node: str) -> str:
+    return next((text for key, text in EXPLAINED.items() if key in node), "")
+
+
 def _failures_beyond_baseline(outcomes: list[dict[str, Any]]) -> dict[str, dict]:
     baseline = next((o for o in outcomes if o["mode"] == "baseline"), None)
     failed_at_baseline = set(baseline["failures"]) if baseline else set()
@@ -52,6 +74,9 @@ def render(results: dict[str, Any]) -> str:
                 f"{o['passed']} | {o['failed']} | {o['skipped']} | "
                 f"{'-' if new is None else len(new)} | {kept} | {o['seconds']:.0f} s |"
             )
+    notes = [(lib, r["note"]) for lib, r in results.items() if r.get("note")]
+    if notes:
+        lines += [""] + [f"- {lib}: {note}" for lib, note in notes]
     lines += ["", "## Remaining failures, by cause", ""]
     for library, result in results.items():
         outcomes = result["outcomes"]
@@ -67,6 +92,9 @@ def render(results: dict[str, Any]) -> str:
                 by_cause.setdefault(cause, []).append((node, first))
             for cause, entries in sorted(by_cause.items()):
                 lines.append(f"- **{cause}** ({len(entries)}): {_REASONS[cause]}")
-                lines += [f"  - `{node}`: {first}" for node, first in entries]
+                for node, first in entries:
+                    lines.append(f"  - `{node}`: {first}")
+                    if _explained(node):
+                        lines.append(f"    - *{_explained(node)}*")
             lines.append("")
     return "\n".join(lines) + "\n"

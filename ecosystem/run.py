@@ -268,7 +268,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=int, default=3 * 3600, help="per run, seconds"
     )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only render report.md again from the results.json in --out",
+    )
     args = parser.parse_args(argv)
+    from .report import render
+
+    if args.report_only:
+        results = json.loads((args.out / "results.json").read_text())
+        (args.out / "report.md").write_text(render(results))
+        return 0
     git_dirs = dict(spec.split("=", 1) for spec in args.git_dir)
     results = {}
     for library in args.only or list(LIBRARIES):
@@ -297,7 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and path.exists():  # the other libraries' results stay as they were
         results = {**json.loads(path.read_text()), **results}
     path.write_text(json.dumps(results, indent=1) + "\n")
-    from .report import render
 
     (args.out / "report.md").write_text(render(results))
     return 0
