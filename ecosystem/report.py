@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .run import CAUSES
+from .run import CAUSES, LIBRARIES
 
 _REASONS = {name: reason for name, _, reason in CAUSES} | {
     "other": "not matched by a known cause; the message says what failed"
@@ -74,6 +74,13 @@ def render(results: dict[str, Any]) -> str:
                 f"{o['passed']} | {o['failed']} | {o['skipped']} | "
                 f"{'-' if new is None else len(new)} | {kept} | {o['seconds']:.0f} s |"
             )
+    missing = [lib for lib in LIBRARIES if lib not in results]
+    if missing:
+        lines += [
+            "",
+            f"Not in these results: {', '.join(missing)} (run `python -m ecosystem "
+            "--only LIB` to add a library).",
+        ]
     notes = [(lib, r["note"]) for lib, r in results.items() if r.get("note")]
     if notes:
         lines += [""] + [f"- {lib}: {note}" for lib, note in notes]

@@ -33,10 +33,10 @@ from pathlib import Path
 
 # Library, the folder of its tests in its repository.
 LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
-# The sample taken by default: every K-th item of each file (at least one a file), so
-# that the three modes of all three libraries run in about an hour on this 2-core
-# machine (lineax has 4215 items at about 3 s each; diffrax's items compile whole
-# solves, 10-20 s each).
+# The sample taken by default: every K-th item of each file (at least one a file).
+# lineax's and optimistix's three modes take about 35 minutes on this 2-core machine
+# (lineax has 4215 items at about 3 s each); diffrax's items compile whole solves, and
+# its 40 items take more than an hour per mode.
 EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 36}
 MODES = {
     "baseline": [],
