@@ -155,24 +155,18 @@ def install_flatten_generator(
     _eqx_module.generate_flatten_functions = generate_flatten_functions  # pyright: ignore[reportPrivateImportUsage]  # verified at import
 
 
-ModuleRewrite = Callable[
-    [type, str, tuple[type, ...], dict[str, Any]],
-    tuple[type, tuple[type, ...], dict[str, Any]],
-]
+NamespaceRewrite = Callable[[tuple[type, ...], dict[str, Any]], dict[str, Any]]
 
 
-def wrap_module_creation(rewrite: ModuleRewrite) -> Callable[[], None]:
-    """Passes every new Module class statement through `rewrite(metaclass, name, bases,
-    namespace)` before Equinox creates the class; a new metaclass from it creates the
-    class instead. Returns the function that undoes this."""
+def wrap_module_creation(rewrite: NamespaceRewrite) -> Callable[[], None]:
+    """Passes the namespace of every new Module class through `rewrite(bases,
+    namespace)` before Equinox makes the class of it (the class body is known there,
+    and its dataclass fields not yet made). Returns the function that undoes this."""
     original = vars(ModuleMeta)["__new__"]
     create = original.__func__
 
     def __new__(mcs: type, name: str, bases: tuple[type, ...], namespace, /, **kw):
-        new_mcs, bases, namespace = rewrite(mcs, name, bases, namespace)
-        if new_mcs is not mcs:
-            return new_mcs(name, bases, namespace, **kw)
-        return create(mcs, name, bases, namespace, **kw)
+        return create(mcs, name, bases, rewrite(bases, namespace), **kw)
 
     __new__.__wrapped__ = create  # pyright: ignore[reportFunctionMemberAccess]  # functools' convention
     ModuleMeta.__new__ = staticmethod(__new__)  # pyright: ignore[reportAttributeAccessIssue]  # a metaclass's __new__

@@ -276,16 +276,14 @@ def make_aux(layout: Layout, entries: tuple[Any, ...]) -> Aux:
 
 def static_equal(a: Any, b: Any) -> bool:
     """Static leaves as the jit cache compares them: the same type, then floats bit
-    for bit, jaxprs as programs, anything else with `==`."""
+    for bit and jaxprs as programs (`_exact_form`), anything else with `==`."""
     if a is b:
         return True
-    kind = type(a)
-    if kind is not type(b):
+    if type(a) is not type(b):
         return False
-    if kind is float or kind is complex:
-        return ExactFloat(a) == ExactFloat(b)
-    if kind is Jaxpr:
-        return SameProgram(a) == SameProgram(b)
+    exact = _exact_form(a)
+    if exact is not a:
+        return exact == _exact_form(b)
     return bool(a == b)
 
 
@@ -389,6 +387,17 @@ class SameProgram:
         return f"SameProgram({self.value!r})"
 
 
+def _exact_form(leaf: Any) -> Any:
+    """The leaf as held where `==` alone would not compare it exactly: a float or
+    complex zero or NaN as an `ExactFloat`, a jaxpr as a `SameProgram`; else itself."""
+    kind = type(leaf)
+    if (kind is float or kind is complex) and needs_exact_float(leaf):
+        return ExactFloat(leaf)
+    if kind is Jaxpr:
+        return SameProgram(leaf)
+    return leaf
+
+
 def _compares_in_python(value: Any) -> bool:
     return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
 
@@ -396,13 +405,11 @@ def _compares_in_python(value: Any) -> bool:
 def snapshot_leaf(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, a frozen copy of a set,
     or a `Compared` for a leaf compared in Python."""
-    kind = type(leaf)
-    if kind is set:
+    if type(leaf) is set:
         return SetValue(leaf)
-    if (kind is float or kind is complex) and needs_exact_float(leaf):
-        return ExactFloat(leaf)
-    if kind is Jaxpr:
-        return SameProgram(leaf)
+    exact = _exact_form(leaf)
+    if exact is not leaf:
+        return exact
     if _compares_in_python(leaf):
         return Compared(leaf)
     return leaf
@@ -721,9 +728,6 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     return obj
 
 
-_lazy_unflatten = unflatten
-
-
 def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     """For classes on which a field name resolves through a base (see `needs_eager`)."""
     obj = unflatten(cls, aux, children)
@@ -841,15 +845,15 @@ NewAux = Callable[[type, Aux, tuple[Any, ...]], None]
 
 
 def _noting_new_aux(
-    unflatten: Callable[[type, Aux, tuple[Any, ...]], Any], on_new_aux: NewAux
+    base: Callable[[type, Aux, tuple[Any, ...]], Any], on_new_aux: NewAux
 ) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
-    """`unflatten` that calls `on_new_aux` when a node's aux is not the last one its
-    layout met (one identity check otherwise: aux records are interned)."""
-    eager = unflatten is not _lazy_unflatten
+    """`base` (an unflatten) that calls `on_new_aux` when a node's aux is not the last
+    one its layout met (one identity check otherwise: aux records are interned)."""
+    eager = base is not unflatten
 
     def unflatten_noting(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
         if eager:
-            obj = unflatten(cls, aux, children)
+            obj = base(cls, aux, children)
         else:  # the lazy unflatten, inline: it runs for every node of every tree_map
             obj = _object_new(cls)
             _set_flat(obj, (children, aux, None))

@@ -69,17 +69,17 @@ class Rebase:
         return bases, kwds
 
     def _drop_markers(
-        self, mcs: type, name: str, bases: tuple[type, ...], namespace: dict[str, Any]
-    ) -> tuple[type, tuple[type, ...], dict[str, Any]]:
+        self, bases: tuple[type, ...], namespace: dict[str, Any]
+    ) -> dict[str, Any]:
         """The namespace of a new AutoModule class of a named package, without
         `static=True` in its fields."""
         package = self.package_of(str(namespace.get("__module__", "")))
         if package is None or not any(issubclass(b, AutoModule) for b in bases):
-            return mcs, bases, namespace
+            return namespace
         namespace, dropped = _without_static_markers(namespace)
         with self._lock:
             self.markers_dropped[package] += dropped
-        return mcs, bases, namespace
+        return namespace
 
     def summary(self) -> str:
         parts = [

@@ -17,7 +17,7 @@ from typing import Any
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from ._layout import Aux, ExactFloat, STATIC
+from ._layout import Aux, entry_value, STATIC, static_equal
 from ._static_checks import warn_once
 
 
@@ -68,12 +68,14 @@ def _is_traced(children: tuple[Any, ...]) -> bool:
 def _note(cls: type, aux: Aux) -> None:
     layout = aux.layout
     for name, kind, entry in zip(layout.entry_names, layout.entry_kinds, aux.entries):
-        value = entry.value if type(entry) is ExactFloat else entry
-        if kind != STATIC or not _is_varying_kind(value):
+        if kind != STATIC:
+            continue
+        value = entry_value(entry)
+        if not _is_varying_kind(value):
             continue
         key = (cls, name)
         values = _seen.setdefault(key, [])
-        if any(_same(value, v) for v in values):
+        if any(static_equal(value, v) for v in values):
             continue
         if len(values) < _KEPT:
             values.append(value)
@@ -88,10 +90,6 @@ def _note(cls: type, aux: Aux) -> None:
 def _is_varying_kind(value: Any) -> bool:
     kind = type(value)
     return kind in (int, float, complex) or kind is types.FunctionType
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a is b or (type(a) is type(b) and a == b)
 
 
 def _message(cls: type, name: str, values: list[Any]) -> str:

@@ -5,8 +5,9 @@ that the pytree machinery cannot see (a closure cell, a `functools.partial` argu
 jitted function's wrapped callable, an attribute of an opaque object) becomes a
 compile-time constant: it receives no gradient, is not updated by optimisers, and is
 copied into every compiled program. A numpy array there is a host constant, as JAX
-takes one closed over by a function (diffrax's Butcher tableaus): no warning. A value that can be neither hashed nor compared
-breaks JAX's compilation cache, which compares static data with `==`.
+takes one closed over by a function (diffrax's Butcher tableaus): no warning. A value
+that can be neither hashed nor compared breaks JAX's compilation cache, which compares
+static data with `==`.
 """
 
 import contextlib
