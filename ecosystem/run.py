@@ -130,7 +130,8 @@ def extract(library: str, git_dir: str | None, work: Path) -> Path:
     return root
 
 
-def collect(root: Path, library: str) -> list[str]:
+def collect(root: Path) -> list[str]:
+    """The node ids of the tests under `root`, in collection order."""
     out = subprocess.run(
         [
             sys.executable,
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for library in args.only or list(LIBRARIES):
         root = extract(library, git_dirs.get(library), args.work)
-        items = collect(root, library)
+        items = collect(root)
         every = args.every or EVERY[library]
         chosen = sample(items, every)
         print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
