@@ -25,6 +25,7 @@ import equinox._filters as _eqx_filters
 import equinox._module._module as _eqx_module
 import equinox._serialisation as _eqx_serialisation
 import equinox._tree as _eqx_tree
+import equinox.internal._closure_to_pytree as _eqx_closure_to_pytree
 import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
 import equinox.nn._shared as _eqx_shared
@@ -103,6 +104,17 @@ def _check_equinox() -> None:
     ):
         if _unwrap(getattr(eqx, name, None)) is not _unwrap(getattr(module, name, 0)):
             problems.append(f"eqx.{name} is not {module.__name__}.{name}")
+    closure_call = _unwrap(
+        getattr(getattr(_eqx_closure_to_pytree, "_Closure", None), "__call__", None)
+    )
+    if not hasattr(_eqx_closure_to_pytree, "_FunctionWithEquality") or (
+        "_adjust_function_closure"
+        not in getattr(getattr(closure_call, "__code__", None), "co_names", ())
+    ):
+        problems.append(
+            "equinox.internal.closure_to_pytree no longer calls its function with the "
+            "cells rebuilt from its contents"
+        )
     if problems:
         raise ImportError(
             "autostatic cannot work with the installed equinox: "
@@ -125,6 +137,16 @@ currently_initialising = _eqx_module._currently_initialising
 def has_dataclass_init(cls: type) -> bool:
     """Whether `cls` has a generated `__init__`, whose arguments Equinox flattens."""
     return _eqx_module._has_dataclass_init[cls]
+
+
+def has_unread_closure(value: Any) -> bool:
+    """Whether `value` holds a function whose closure cells are never read.
+
+    `equinox.internal.closure_to_pytree` (optimistix applies it to Optax's
+    transformations) keeps a function beside its cells' contents as pytree leaves,
+    and calls it with cells rebuilt from those leaves: the original cells are dead.
+    """
+    return isinstance(value, _eqx_closure_to_pytree._FunctionWithEquality)  # pyright: ignore[reportPrivateUsage]  # verified at import
 
 
 # "Cannot assign methods in __init__. ...": Equinox's explanation, with the fix.

@@ -24,6 +24,8 @@ import jax
 import jax.tree_util as jtu
 from jax.core import Tracer
 
+from . import _compat
+
 _MAX_DEPTH = 4
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
 # Objects already found free of arrays, by identity (an object equal to a clean one
@@ -93,6 +95,8 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
             for k, d in (value.__kwdefaults__ or {}).items()
         ]
         return out
+    if _compat.has_unread_closure(value):
+        return []  # its live values are leaves of the tree beside it
     if isinstance(value, types.MethodType):
         return [
             ("the object of a bound method", value.__self__),

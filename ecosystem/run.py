@@ -1,7 +1,8 @@
 """The ecosystem report: diffrax, lineax and optimistix's own test suites with their
 Modules auto-static.
 
-    python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--out DIR]
+    python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--jobs N]
+                        [--out DIR]
 
 For each library, the tests of the git tag matching the installed version are
 extracted (never committed), collected, and a deterministic sample (every K-th item
@@ -18,6 +19,7 @@ and failed, and each remaining failure grouped by cause.
 """
 
 import argparse
+import concurrent.futures
 import importlib.metadata
 import json
 import os
@@ -262,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(LIBRARIES))
     parser.add_argument("--modes", default="baseline,b,b2")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="modes run side by side (each item runs alone in its mode either way)",
+    )
+    parser.add_argument(
         "--work",
         type=Path,
         default=Path(tempfile.gettempdir()) / "autostatic-ecosystem",
@@ -290,15 +298,19 @@ def main(argv: list[str] | None = None) -> int:
         every = args.every or EVERY[library]
         chosen = sample(items, every)
         print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
-        outcomes = []
-        for mode in args.modes.split(","):
-            outcome = run_mode(root, library, mode, chosen, args.timeout)
+        modes = args.modes.split(",")
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            runs = [
+                pool.submit(run_mode, root, library, mode, chosen, args.timeout)
+                for mode in modes
+            ]
+            outcomes = [run.result() for run in runs]
+        for outcome in outcomes:
             print(
-                f"  {mode}: {outcome.passed} passed, {outcome.failed} failed, "
+                f"  {outcome.mode}: {outcome.passed} passed, {outcome.failed} failed, "
                 f"{outcome.skipped} skipped ({outcome.seconds:.0f} s)",
                 flush=True,
             )
-            outcomes.append(outcome)
         results[library] = {
             "version": importlib.metadata.version(library),
             "collected": len(items),

@@ -120,6 +120,37 @@ def test_hidden_array_check_goes_by_identity_not_equality():
         Holder(jnp.ones(1), AllEqual(jnp.ones(2)))
 
 
+def _scaled_by(rate):
+    def scale(x):
+        return x * rate
+
+    def apply(x):  # Optax's transformations nest closures like this
+        return scale(x)
+
+    return apply
+
+
+def test_closure_converted_function_is_silent_and_its_arrays_stay_live():
+    # `equinox.internal.closure_to_pytree` (optimistix wraps Optax with it) turns the
+    # cells into leaves beside the function; the function's own cells are never read.
+    import equinox.internal as eqxi
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m1 = Holder(jnp.ones(2), eqxi.closure_to_pytree(_scaled_by(jnp.array(0.5))))
+        m2 = Holder(jnp.ones(2), eqxi.closure_to_pytree(_scaled_by(jnp.array(3.0))))
+    traces = []
+
+    @jax.jit
+    def run(m):
+        traces.append(None)
+        return m.thing(m.w)
+
+    assert run(m1).tolist() == [0.5, 0.5]
+    assert run(m2).tolist() == [3.0, 3.0]
+    assert len(traces) == 1
+
+
 def test_no_warning_for_ordinary_static_values():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
