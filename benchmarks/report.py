@@ -1133,6 +1133,122 @@ def _display_path(path: Any) -> str:
     return text if rel.startswith("..") else rel
 
 
+# The operations the verdict speaks of, in the words a user reads.
+VERDICT_OPS: tuple[tuple[str, str], ...] = (
+    ("dispatch", "a `jax.jit` call's dispatch"),
+    ("flatten", "flattening a model"),
+    ("treedef_eq", "comparing treedefs (`jax.jit`'s cache check)"),
+    ("unflatten_read", "unflattening a model and reading every field"),
+    ("build", "building a model around made layers"),
+)
+SAME_WITHIN = 1.05  # a ratio within this factor of 1 counts as the same speed
+
+
+SPEED_GROUPS = (
+    "Faster",
+    "Faster or the same",
+    "The same",
+    "Mixed",
+    "Slower or the same",
+    "Slower",
+)
+
+
+def _speed_group(ratios: list[float]) -> str:
+    """Where time ratios (below 1 is faster) put an operation, judged on every model."""
+    faster, slower = 1 / SAME_WITHIN, SAME_WITHIN
+    if max(ratios) < faster:
+        return "Faster"
+    if min(ratios) > slower:
+        return "Slower"
+    if max(ratios) <= slower:
+        return "Faster or the same" if min(ratios) < faster else "The same"
+    return "Slower or the same" if min(ratios) >= faster else "Mixed"
+
+
+def _span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
+
+
+def _verdict_claims(results: dict[str, Any]) -> list[tuple[str, list[float], str]]:
+    """(what, time ratios vs the fair twin, the same vs `eqx.filter_jit` in words),
+    for every operation measured on the real models and the training step."""
+    claims = []
+    real, training = results.get("real_models"), results.get("training")
+    if real:
+        models = list(real["models"])
+        for op, what in VERDICT_OPS:
+            fair = [
+                r["median"] for m in models if (r := _fair_twin_ratio(real, m, op)[0])
+            ]
+            filtered = [
+                r["median"]
+                for m in models
+                if (r := real["models"][m]["ratios"].get(op, {}).get("eqx-filter"))
+            ]
+            if fair:
+                where = f"{', '.join(models)}"
+                versus = f"{_span(filtered)} under `eqx.filter_jit`" if filtered else ""
+                claims.append((what, fair, f"{versus}; on {where}"))
+    if training:
+        models = list(training)
+        fair = [
+            v for m in models if (v := _step_time_ratio(training, m, EQX_STATIC_JIT))
+        ]
+        filtered = [
+            v for m in models if (v := _step_time_ratio(training, m, EQX_FILTER_FILTER))
+        ]
+        if fair:
+            versus = f"{_span(filtered)} under `eqx.filter_jit`" if filtered else ""
+            claims.insert(
+                0, ("a training step", fair, f"{versus}; on {', '.join(models)}")
+            )
+    return claims
+
+
+def verdict_section(results: dict[str, Any]) -> list[str]:
+    """The first thing a reader sees: in plain words, what AutoModule does faster and
+    slower than eqx.Module, by how much, where, and when switching pays."""
+    claims = _verdict_claims(results)
+    if not claims:
+        return []
+    groups: dict[str, list[str]] = {}
+    for what, fair, rest in claims:
+        entry = f"{what}: {_span(fair)} the fair twin's time ({rest})"
+        groups.setdefault(_speed_group(fair), []).append(entry)
+    lines = [
+        "### Verdict",
+        "",
+        "Time ratios of AutoModule under plain `jax.jit`, paired per round (below 1 is "
+        "faster): against the fair twin (eqx.Module with its non-array fields marked "
+        "static, the same code under `jax.jit`) and against what Equinox users run "
+        "(eqx.Module without markers under `eqx.filter_jit`).",
+        "",
+    ]
+    for group in SPEED_GROUPS:
+        if group in groups:
+            lines.append(f"* **{group}**")
+            lines += [f"  * {entry}" for entry in groups[group]]
+    lines += [
+        "",
+        f"The same: within {SAME_WITHIN:.2f}x of 1 on every model; mixed: faster on "
+        "some models, slower on others.",
+    ]
+    lines += [
+        "",
+        "When switching pays: the slower operations run when Python builds or takes "
+        "apart a model (once per model, and once per trace where library code builds "
+        "modules inside a jitted function); the faster ones run on every compiled call. "
+        "A program that calls its models more often than it builds them gains; one "
+        "that rebuilds models in a Python loop outside `jax.jit` pays the build ratio "
+        "each time. A Python float or int that changes between calls is static and "
+        "retraces: store it as an array.",
+        "",
+    ]
+    return lines
+
+
 def summary_section(results: dict[str, Any]) -> list[str]:
     """The short table a user reads first: AutoModule against both baselines (the fair
     twin: eqx.Module with static fields under `jax.jit`, the same code; and what Equinox
@@ -1325,6 +1441,7 @@ def summary_section(results: dict[str, Any]) -> list[str]:
 
 def render(results: dict[str, Any]) -> str:
     lines = machine_section(results["machine"])
+    lines += verdict_section(results)
     if results.get("targets"):
         lines += targets_section(results["targets"])
     if results.get("tree_ops"):
@@ -1385,57 +1502,98 @@ def plot(results: dict[str, Any], out: Path) -> list[str]:
     return [name for name in figures if name]
 
 
+# One colour per implementation in every plot; the jit used is the line or hatch style.
+IMPL_COLOURS: dict[str, str] = {
+    "autostatic": "tab:blue",
+    "eqx-static": "tab:orange",
+    "eqx-filter": "tab:green",
+    "dataclass": "tab:purple",
+    "dict": "black",
+    M.PYNODE: "grey",
+}
+JIT_LINES: dict[str, str] = {M.JAX_JIT: "-", M.FILTER_JIT: "--"}
+JIT_HATCHES: dict[str, str] = {M.JAX_JIT: "", M.FILTER_JIT: "//"}
+
+
+def _errorbar(ax: Any, pts: list[tuple[int, dict[str, float]]], **style: Any) -> None:
+    """Medians of `pts` ((x, {median, q1, q3})) with interquartile bars."""
+    ax.errorbar(
+        [x for x, _ in pts],
+        [e["median"] for _, e in pts],
+        yerr=[
+            [e["median"] - e["q1"] for _, e in pts],
+            [e["q3"] - e["median"] for _, e in pts],
+        ],
+        capsize=2,
+        marker="o",
+        **style,
+    )
+
+
 def _overhead_plot(results: dict[str, Any], out: Path, plt: Any) -> str | None:
+    """Top row: medians per operation against MLP depth; bottom row: the paired
+    ratios to the fair twin that the tables use. Lower is better throughout."""
     tree_ops = results.get("tree_ops", {})
     mlps = sorted(
         (int(k.split("-")[1]), v) for k, v in tree_ops.items() if k.startswith("mlp-")
     )
     if not mlps:  # not run (`--only`)
         return None
-    backend = results["machine"]["backend"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, op in zip(axes[:2], ("flatten", "unflatten")):
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), sharex=True)
+    for column, op in enumerate(("flatten", "unflatten")):
         for impl in M.IMPLS + (M.PYNODE,):
-            pts = [(n, r["ops_us"][impl][op]) for n, r in mlps if impl in r["ops_us"]]
-            if pts:
-                floor = impl == M.PYNODE
-                ax.errorbar(
-                    [p[0] for p in pts],
-                    [p[1]["median"] for p in pts],
-                    yerr=[
-                        [p[1]["median"] - p[1]["q1"] for p in pts],
-                        [p[1]["q3"] - p[1]["median"] for p in pts],
-                    ],
-                    marker="." if floor else "o",
-                    label=f"{impl} (floor)" if floor else impl,
-                    capsize=2,
-                    linestyle=":" if floor else "-",
-                    color="grey" if floor else None,
-                )
-        ax.set_title(f"tree_{op}")
-    ax = axes[2]
+            style = {"color": IMPL_COLOURS[impl], "label": impl}
+            if impl == M.PYNODE:
+                style |= {"linestyle": ":", "label": f"{impl} (floor)"}
+            times = [(n, r["ops_us"][impl][op]) for n, r in mlps if impl in r["ops_us"]]
+            if times:
+                _errorbar(axes[0, column], times, **style)
+            ratios = [
+                (n, r["ratios"]["eqx-static"][impl][op])
+                for n, r in mlps
+                if op in r.get("ratios", {}).get("eqx-static", {}).get(impl, {})
+            ]
+            if ratios:
+                _errorbar(axes[1, column], ratios, **style)
+        axes[0, column].set_title(f"tree_{op}: µs, lower is better")
+        axes[1, column].set_title(f"tree_{op}: time / fair twin's, lower is better")
     for impl, jit in M.VARIANTS:
         name = M.variant_name(impl, jit)
-        pts = [(n, r["dispatch_us"].get(name, {})) for n, r in mlps]
-        pts = [(n, e) for n, e in pts if "median" in e]
-        if pts:
-            ax.plot(
-                [p[0] for p in pts],
-                [p[1]["median"] for p in pts],
-                marker="o",
-                linestyle="--" if jit == M.FILTER_JIT else "-",
-                label=name,
-            )
-    ax.set_title("dispatch (compiled, blocked)")
-    for ax in axes:
-        ax.set_xscale("log")
+        style = {
+            "color": IMPL_COLOURS[impl],
+            "linestyle": JIT_LINES[jit],
+            "label": name,
+        }
+        entries = [(n, r["dispatch_us"].get(name, {})) for n, r in mlps]
+        times = [(n, e) for n, e in entries if "median" in e]
+        if times:
+            _errorbar(axes[0, 2], times, **style)
+        ratios = [
+            (n, e["ratios"][EQX_STATIC_JIT])
+            for n, e in entries
+            if EQX_STATIC_JIT in e.get("ratios", {})
+        ]
+        if impl == "eqx-static" and jit == M.JAX_JIT:
+            ratios = [(n, {"median": 1.0, "q1": 1.0, "q3": 1.0}) for n, _ in times]
+        if ratios:
+            _errorbar(axes[1, 2], ratios, **style)
+    axes[0, 2].set_title("jit dispatch (compiled, blocked): µs, lower is better")
+    axes[1, 2].set_title("jit dispatch: time / fair twin's, lower is better")
+    for ax in axes[0]:
+        ax.set_ylabel("µs (median, IQR bars)")
+        ax.set_yscale("log")
+    for ax in axes[1]:
+        ax.axhline(1.0, color="tab:orange", linewidth=0.8)
+        ax.set_ylabel("ratio, paired per round (median, IQR bars)")
         ax.set_yscale("log")
         ax.set_xlabel("MLP layers N")
-        ax.set_ylabel("µs (median, IQR bars)")
+    for ax in axes.flat:
+        ax.set_xscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"Pytree overhead vs depth ({backend}, {results['machine']['mode']} mode)"
+        f"Pytree overhead vs depth ({results['machine']['backend']}, "
+        f"{results['machine']['mode']} mode); fair twin: eqx-static under jax.jit"
     )
     fig.tight_layout()
     fig.savefig(out / "overhead_vs_n.png", dpi=110)
@@ -1444,45 +1602,79 @@ def _overhead_plot(results: dict[str, Any], out: Path, plt: Any) -> str | None:
 
 
 def _training_plot(results: dict[str, Any], out: Path, plt: Any) -> str | None:
+    """Left: throughput paired per round against the fair twin, the ratio the tables
+    use; right: the raw medians, which come from different rounds and so can order
+    two close variants differently. Higher is better in both."""
     training = results.get("training", {})
     if not training:  # not run (`--only`)
         return None
-    backend = results["machine"]["backend"]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, (paired, raw) = plt.subplots(1, 2, figsize=(14, 4.8))
     models = list(training)
-    names = [M.variant_name(*v) for v in _train_variants()]
-    width = 0.8 / max(1, len(names))
-    for i, name in enumerate(names):
-        xs, ys, errs = [], [], []
-        for j, model in enumerate(models):
-            v = training[model]["variants"].get(name, {})
-            if "steps_per_s" in v:
-                xs.append(j + i * width)
-                ys.append(v["steps_per_s"])
-                lo, hi = v["ms_iqr"]
-                errs.append((v["steps_per_s"] - 1e3 / hi, 1e3 / lo - v["steps_per_s"]))
-        if xs:
-            ax.bar(
-                xs,
-                ys,
-                width,
-                label=name,
-                yerr=[[e[0] for e in errs], [e[1] for e in errs]],
-                capsize=2,
-            )
-    ax.set_xticks(
-        [j + width * (len(names) - 1) / 2 for j in range(len(models))], models
+    variants = _train_variants()
+    width = 0.8 / max(1, len(variants))
+    for i, (impl, jit) in enumerate(variants):
+        name = M.variant_name(impl, jit)
+        style = {
+            "color": IMPL_COLOURS[impl],
+            "hatch": JIT_HATCHES[jit],
+            "edgecolor": "white" if not JIT_HATCHES[jit] else "black",
+            "label": name,
+            "capsize": 2,
+            "ecolor": "dimgrey",
+        }
+        for ax, values in (
+            (paired, [_paired_throughput(training, m, name) for m in models]),
+            (raw, [_raw_throughput(training, m, name) for m in models]),
+        ):
+            bars = [(j + i * width, v) for j, v in enumerate(values) if v]
+            if bars:
+                ax.bar(
+                    [x for x, _ in bars],
+                    [v[0] for _, v in bars],
+                    width,
+                    yerr=[[v[1] for _, v in bars], [v[2] for _, v in bars]],
+                    **style,
+                )
+    ticks = [j + width * (len(variants) - 1) / 2 for j in range(len(models))]
+    paired.axhline(1.0, color="tab:orange", linewidth=0.8)
+    paired.set_ylabel("steps/s / fair twin's, paired per round")
+    paired.set_title(
+        "Throughput vs the fair twin (the tables' ratio), higher is better"
     )
-    ax.set_ylabel("training steps / s (median, IQR bars)")
-    ax.set_title(
-        f"Training-step throughput ({backend}, {results['machine']['mode']} mode)"
+    raw.set_ylabel("training steps / s (median of rounds)")
+    raw.set_title("Raw throughput, higher is better (medians of separate rounds)")
+    for ax in (paired, raw):
+        ax.set_xticks(ticks, models)
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.suptitle(
+        f"Training-step throughput ({results['machine']['backend']}, "
+        f"{results['machine']['mode']} mode); IQR bars"
     )
-    ax.legend(fontsize=7)
-    ax.grid(True, axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "training_throughput.png", dpi=110)
     plt.close(fig)
     return "training_throughput.png"
+
+
+Bar = tuple[float, float, float]  # height, and how far the IQR bar reaches below, above
+
+
+def _paired_throughput(training: dict[str, Any], model: str, name: str) -> Bar | None:
+    """`name`'s throughput over the fair twin's, paired per round."""
+    entry = training[model]["variants"].get(name, {})
+    r = entry.get("throughput_ratios", {}).get(EQX_STATIC_JIT)
+    if not r:
+        return None
+    return r["median"], r["median"] - r["q1"], r["q3"] - r["median"]
+
+
+def _raw_throughput(training: dict[str, Any], model: str, name: str) -> Bar | None:
+    v = training[model]["variants"].get(name, {})
+    if "steps_per_s" not in v:
+        return None
+    lo, hi = v["ms_iqr"]  # milliseconds per step: the fast end is the high throughput
+    return v["steps_per_s"], v["steps_per_s"] - 1e3 / hi, 1e3 / lo - v["steps_per_s"]
 
 
 def _train_variants() -> tuple[tuple[str, str], ...]:

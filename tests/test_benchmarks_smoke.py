@@ -244,6 +244,8 @@ def _check_retrace_contrasts(results: dict, text: str) -> None:
 
 
 def _check_summary(results: dict, text: str, out: Path) -> None:
+    # The plain-words verdict comes right after the machine line, before any table.
+    assert text.index("### Verdict") < text.index("### Targets")
     summary = text[text.index("### Summary: AutoModule vs eqx.Module") :]
     model = next(iter(results["training"]))
     assert f"training step time ({model}" in summary
@@ -393,3 +395,44 @@ def test_runner_only_one_section(
     assert "not judged (smoke run)" in printed.out
     assert "1/1 retracing" in printed.err  # progress: step k of n
     assert printed.out.rstrip().endswith(str(tmp_path / "results.md"))
+
+
+def _ratio(median: float) -> dict[str, float]:
+    return {"median": median, "q1": median, "q3": median, "n": 5}
+
+
+def test_verdict_opens_the_report_and_groups_operations_by_speed() -> None:
+    from benchmarks import report
+
+    def model(build: float, flatten: float) -> dict[str, object]:
+        return {
+            "ratios": {
+                "build": {"eqx-static": _ratio(build), "eqx-filter": _ratio(build)},
+                "flatten": {"eqx-static": _ratio(flatten)},
+            }
+        }
+
+    real = {"models": {"a": model(2.0, 0.3), "b": model(3.0, 1.2)}}
+    results = {
+        "machine": {
+            "mode": "quick",
+            "date": "d",
+            "platform": "p",
+            "cpu_count": 2,
+            "cpus_usable": 2,
+            "python": "3",
+            "backend": "cpu",
+            "device_kind": "cpu",
+            "device_count": 1,
+            "versions": {},
+        },
+        "real_models": real,
+    }
+    verdict = "\n".join(report.verdict_section(results))
+    assert (
+        "* **Slower**\n  * building a model around made layers: 2.00-3.00x the fair "
+        "twin's time (2.00-3.00x under `eqx.filter_jit`; on a, b)"
+    ) in verdict
+    assert "* **Mixed**\n  * flattening a model: 0.30-1.20x" in verdict
+    assert "Faster" not in verdict.split("The same:")[0]
+    assert report.verdict_section({"machine": {}}) == []
