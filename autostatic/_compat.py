@@ -104,9 +104,8 @@ def _check_equinox() -> None:
     ):
         if _unwrap(getattr(eqx, name, None)) is not _unwrap(getattr(module, name, 0)):
             problems.append(f"eqx.{name} is not {module.__name__}.{name}")
-    closure_call = _unwrap(
-        getattr(getattr(_eqx_closure_to_pytree, "_Closure", None), "__call__", None)
-    )
+    closure_class = getattr(_eqx_closure_to_pytree, "_Closure", object)
+    closure_call = _unwrap(vars(closure_class).get("__call__"))
     if not hasattr(_eqx_closure_to_pytree, "_FunctionWithEquality") or (
         "_adjust_function_closure"
         not in getattr(getattr(closure_call, "__code__", None), "co_names", ())

@@ -1,7 +1,12 @@
 """explain, retrace_reasons (checked against real trace counts), logged_jit."""
 
+import functools as ft
 import logging
+import re
+from collections.abc import Callable
+from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
@@ -36,7 +41,7 @@ def test_explain_lists_every_value_by_key_path():
         for p, _ in jax.tree_util.tree_flatten_with_path(AutoMixed(KEY))[0]
     ]
     text = str(table)
-    assert text.splitlines()[0].split() == ["path", "kind", "type", "value"]
+    assert text.splitlines()[1].split() == ["path", "kind", "type", "value"]
     assert ".stuff[3]['tag']" in text and "<table>" in table._repr_html_()
 
 
@@ -45,7 +50,179 @@ def test_explain_marks_non_array_leaves_of_plain_pytrees():
         r.path: r.kind for r in asx.explain({"m": AutoMLP(1, 2, KEY), "lr": 0.1}).rows
     }
     assert rows["['lr']"] == "leaf" and rows["['m'].scale"] == "static"
-    assert len(str(asx.explain({"long": "x" * 500})).splitlines()[1]) < 120
+    assert len(str(asx.explain({"long": "x" * 500})).splitlines()[2]) < 120
+
+
+class SmallCNN(asx.AutoModule):
+    conv1: eqx.nn.Conv2d
+    conv2: eqx.nn.Conv2d
+    activation: Callable
+    steps: jax.Array
+    depth: int
+
+    def __init__(self, key: jax.Array):
+        k1, k2 = jax.random.split(key)
+        self.conv1 = eqx.nn.Conv2d(1, 4, 3, key=k1)  # 36 + 4 parameters
+        self.conv2 = eqx.nn.Conv2d(4, 8, 3, key=k2)  # 288 + 8 parameters
+        self.activation = jax.nn.relu
+        self.steps = jnp.zeros((), jnp.int32)
+        self.depth = 2
+
+
+def test_explain_summarises_the_whole_tree_first():
+    table = asx.explain(SmallCNN(KEY))
+    line = (
+        "5 dynamic arrays (337 parameters, 1.35 kB: float32 and int32), "
+        "2 static values, 0 non-array leaves"
+    )
+    assert str(table).splitlines()[0] == line
+    assert table._repr_html_().startswith(f"<p>{line}</p><table>")
+    summary = table.summary
+    assert (summary.dynamic, summary.static, summary.leaves) == (5, 2, 0)
+    assert (summary.parameters, summary.nbytes) == (337, 4 * 336 + 4)
+    assert (summary.dtypes, summary.shown, summary.total) == (
+        ("float32", "int32"),
+        7,
+        7,
+    )
+    one = asx.explain({"w": jnp.ones(3, jnp.float16), "lr": 0.1}).summary
+    assert str(one) == (
+        "1 dynamic array (3 parameters, 6 B: float16), 0 static values, "
+        "1 non-array leaf"
+    )
+    assert str(asx.explain(None).summary) == (
+        "0 dynamic arrays, 0 static values, 0 non-array leaves"
+    )
+
+
+def test_explain_filters_rows_by_kind_and_path():
+    model = SmallCNN(KEY)
+
+    def paths(**filters: Any) -> list[str]:
+        return [r.path for r in asx.explain(model, **filters).rows]
+
+    assert paths(kind="static") == [".activation", ".depth"]
+    assert paths(kind={"static", "leaf"}) == [".activation", ".depth"]
+    assert paths(path=".conv1") == [".conv1.weight", ".conv1.bias"]
+    assert paths(path=re.compile(r"\.bias$")) == [".conv1.bias", ".conv2.bias"]
+    assert paths(kind="dynamic", path="conv2") == [".conv2.weight", ".conv2.bias"]
+    # A plain string is matched as text: brackets are not a character class.
+    layers = asx.explain(AutoMLP(2, 2, KEY), path="layers[1]").rows
+    assert [r.path for r in layers][:2] == [".layers[1].weight", ".layers[1].bias"]
+
+    shown = asx.explain(model, kind="dynamic", path="conv")
+    assert (
+        str(shown).splitlines()[0].endswith("0 non-array leaves (showing 4 of 7 rows)")
+    )
+    assert (shown.summary.dynamic, shown.summary.shown) == (5, 4)
+    assert str(asx.explain(model, path="nothing")).splitlines()[1:] == [
+        "path  kind  type  value"
+    ]
+
+
+def test_explain_rejects_an_unknown_kind_or_path():
+    message = (
+        "explain(kind=...) takes 'dynamic', 'static' or 'leaf', or a collection of "
+        "them; got 'parameters'"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        asx.explain(SmallCNN(KEY), kind="parameters")
+    with pytest.raises(ValueError, match=r"got 'leaves'$"):
+        asx.explain(SmallCNN(KEY), kind=["dynamic", "leaves"])
+    with pytest.raises(TypeError, match="takes a str or a compiled regular"):
+        asx.explain(SmallCNN(KEY), path=3)  # type: ignore[arg-type]
+
+
+def _act(x: jax.Array) -> jax.Array:
+    return x
+
+
+@jax.custom_jvp
+def _custom(x: jax.Array) -> jax.Array:
+    return x
+
+
+class _Unnamed:
+    """A callable whose attribute lookups fail: named by its repr instead."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(name)
+
+    def __call__(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "_Unnamed()"
+
+
+def test_explain_names_functions_and_classes_as_they_are_imported():
+    local = lambda x: x
+    values = {
+        "relu": jax.nn.relu,  # a custom_jvp defined in jax._src.nn.functions
+        "gelu": jax.nn.gelu,  # a plain function defined there
+        "tanh": jnp.tanh,  # a jitted function
+        "jitted_relu": jax.jit(jax.nn.relu),
+        "jitted_local": jax.jit(local),
+        "linear": eqx.nn.Linear,  # defined in equinox.nn._linear
+        "array": jax.Array,  # its qualname is jaxlib._jax.Array
+        "len": len,
+        "int": int,
+        "act": _act,
+        "custom": _custom,
+        "local": local,
+        "partial": ft.partial(jax.nn.gelu, approximate=False),
+        "bound": ft.partial(jnp.add, jnp.ones(3)),
+        "odd": _Unnamed(),
+    }
+    details = {r.path: r.detail for r in asx.explain(values).rows}
+    here = f"{__name__}.test_explain_names_functions_and_classes_as_they_are_imported"
+    assert details == {
+        "['act']": f"{__name__}._act",
+        "['array']": "jax.Array",
+        "['bound']": "partial(jax.numpy.add, float32[3])",
+        "['custom']": f"{__name__}._custom",
+        "['gelu']": "jax.nn.gelu",
+        "['int']": "int",
+        "['jitted_local']": f"jit(<lambda> in {here})",
+        "['jitted_relu']": "jit(jax.nn.relu)",
+        "['len']": "len",
+        "['linear']": "equinox.nn.Linear",
+        "['local']": f"<lambda> in {here}",
+        "['odd']": "_Unnamed()",
+        "['partial']": "partial(jax.nn.gelu, approximate=False)",
+        "['relu']": "jax.nn.relu",
+        "['tanh']": "jax.numpy.tanh",
+    }
+    row = next(r for r in asx.explain(SmallCNN(KEY)).rows if r.path == ".activation")
+    assert (row.kind, row.type, row.detail) == ("static", "custom_jvp", "jax.nn.relu")
+
+
+def test_explain_names_the_state_index_of_each_state_entry():
+    model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")
+    rows = asx.explain((model, state), path="[1]").rows
+    # The key paths stay as JAX names them: `State` is registered without keys.
+    assert [r.path for r in rows] == [
+        "[1]" + jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]
+    ]
+    assert [(r.path, r.detail) for r in rows] == [
+        ("[1][<flat index 0>]", "~int32[]  (state of BatchNorm.batch_counter)"),
+        (
+            "[1][<flat index 1>][0]",
+            "float32[3]  (state of BatchNorm.batch_state_index)",
+        ),
+        (
+            "[1][<flat index 1>][1]",
+            "float32[3]  (state of BatchNorm.batch_state_index)",
+        ),
+    ]
+    # Built by hand, a State's markers are bare objects, which name nothing.
+    by_hand = eqx.nn.State(eqx.nn.BatchNorm(3, "batch", mode="batch"))
+    assert [r.detail for r in asx.explain(by_hand).rows] == [
+        "~int32[]",
+        "float32[3]",
+        "float32[3]",
+    ]
 
 
 def test_retrace_reasons_name_paths_and_values():
@@ -88,7 +265,7 @@ def test_retrace_reasons_for_sharding():
     assert [r.kind for r in asx.retrace_reasons(on0, on1)] == ["sharding"]
 
 
-def _mutations(desc, draw):
+def _mutations(desc: tuple[Any, ...], draw: Callable[..., Any]) -> tuple[Any, ...]:
     kind = desc[0]
     if kind in ("jax", "numpy"):
         choice = draw(st.sampled_from(["value", "ndim", "kind", "literal"]))
