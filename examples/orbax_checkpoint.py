@@ -15,10 +15,11 @@ Needs `pip install orbax-checkpoint`. On a CPU-only machine the 8 devices are si
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python examples/orbax_checkpoint.py
 """
 
+import argparse
 import os
-import sys
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
@@ -57,7 +58,16 @@ class EqxNet(eqx.Module):  # the same model, as it was written before migrating
     activation: Callable = eqx.field(static=True)
     width: int = eqx.field(static=True)
 
-    __init__ = Net.__init__
+    def __init__(self, width: int, key: jax.Array):
+        k1, k2 = jax.random.split(key)
+        self.layers = [
+            eqx.nn.Linear(4, width, key=k1),
+            jax.nn.relu,
+            eqx.nn.Linear(width, width, key=k2),
+        ]
+        self.activation = jax.nn.tanh
+        self.width = width
+
     __call__ = Net.__call__
 
 
@@ -83,8 +93,13 @@ def template(width: int, mesh: Mesh) -> Net:
 def mismatches(checkpointer: ocp.StandardCheckpointer, path: str, like) -> list[str]:
     """Key paths whose shape or dtype differ, or that one side lacks, read from the
     checkpoint's metadata (orbax itself stops at the first shard that does not fit)."""
-    stored = ocp.tree.to_flat_dict(checkpointer.metadata(path).item_metadata.tree)
-    wanted = ocp.tree.to_flat_dict(like)  # the same keys: ('layers', '0', 'weight')
+    metadata = checkpointer.metadata(path).item_metadata
+    if metadata is None:
+        raise ValueError(f"{path} has no item metadata to compare with")
+    # Dicts keyed by path tuples, ('layers', '0', 'weight'), alike on both sides;
+    # orbax annotates them as any pytree.
+    stored: dict[tuple[str, ...], Any] = ocp.tree.to_flat_dict(metadata.tree)
+    wanted: dict[tuple[str, ...], Any] = ocp.tree.to_flat_dict(like)
     problems = []
     for key in sorted(stored.keys() | wanted.keys()):
         have, want = stored.get(key), wanted.get(key)
@@ -153,5 +168,18 @@ def _run(folder: str) -> dict:
     }
 
 
+def parse_args() -> argparse.Namespace:
+    """`--help` prints the docstring above and exits before anything runs."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="no effect here: this example is already small",
+    )
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    main(fast="--fast" in sys.argv)
+    main(fast=parse_args().fast)

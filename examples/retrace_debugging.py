@@ -8,8 +8,8 @@ is to store the value as an array.
     python examples/retrace_debugging.py
 """
 
+import argparse
 import logging
-import sys
 import warnings
 
 import equinox as eqx
@@ -48,22 +48,36 @@ def main(fast: bool = False) -> dict[str, int]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i in range(5):
-            model = step(Model(jnp.ones(3), 0.1 / (i + 1)), x)
-    print(f"retraces of the step with a float lr: {len(step.retraces)}")
-    for number, reasons in step.retraces[:2]:
+            step(Model(jnp.ones(3), 0.1 / (i + 1)), x)
+    float_retraces = step.retraces
+    print(f"retraces of the step with a float lr: {len(float_retraces)}")
+    for number, reasons in float_retraces[:2]:
         print(f"  trace {number}: {'; '.join(map(str, reasons))}")
     for warning in caught:
         print("warning:", str(warning.message).splitlines()[0])
     fixed_step = asx.logged_jit(sgd_step)
     for i in range(5):
-        fixed = fixed_step(FixedModel(jnp.ones(3), 0.1 / (i + 1)), x)
-    print(f"retraces with lr stored as an array: {len(fixed_step.retraces)}")
-    del model, fixed
+        fixed_step(FixedModel(jnp.ones(3), 0.1 / (i + 1)), x)
+    array_retraces = fixed_step.retraces
+    print(f"retraces with lr stored as an array: {len(array_retraces)}")
     return {
-        "float_retraces": len(step.retraces),
-        "array_retraces": len(fixed_step.retraces),
+        "float_retraces": len(float_retraces),
+        "array_retraces": len(array_retraces),
     }
 
 
+def parse_args() -> argparse.Namespace:
+    """`--help` prints the docstring above and exits before anything runs."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="no effect here: this example is already small",
+    )
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    main(fast="--fast" in sys.argv)
+    main(fast=parse_args().fast)

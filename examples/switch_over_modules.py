@@ -7,7 +7,7 @@ also for `@eqx.filter_jit` methods inside `eqx.filter_jit` and `eqx.filter_vmap`
     python examples/switch_over_modules.py
 """
 
-import sys
+import argparse
 
 import equinox as eqx
 import jax
@@ -79,5 +79,18 @@ def main(fast: bool = False) -> dict[str, float]:
     return {"max_error": float(jnp.max(jnp.abs(routed - expected)))}
 
 
+def parse_args() -> argparse.Namespace:
+    """`--help` prints the docstring above and exits before anything runs."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--fast",
+        action="store_true",
+        help="no effect here: this example is already small",
+    )
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
-    main(fast="--fast" in sys.argv)
+    main(fast=parse_args().fast)

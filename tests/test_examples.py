@@ -1,18 +1,32 @@
 """Every example runs in its fast mode and shows what it claims."""
 
+import ast
 import importlib.util
+import runpy
 import sys
 from pathlib import Path
+
+import pytest
 
 from .helpers import needs_devices
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
+SCRIPTS = [
+    "checkpoint_to_host",
+    "mlp_optax",
+    "orbax_checkpoint",
+    "retrace_debugging",
+    "sharded_training",
+    "switch_over_modules",
+    "transformer",
+]
 
 
 def run_example(name: str) -> dict:
     spec = importlib.util.spec_from_file_location(
         f"example_{name}", EXAMPLES / f"{name}.py"
     )
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -29,8 +43,52 @@ def test_transformer_trains():
     assert out["last_loss"] < out["first_loss"] / 2
 
 
-def test_checkpoint_to_host():
+def run_script(
+    name: str, args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> int | str | None:
+    """Runs `python examples/<name>.py *args` in this process, where jax is already
+    imported, so a run that stops while parsing takes milliseconds; returns the exit
+    status. A run that goes on into the example does not exit, and fails here."""
+    if name == "orbax_checkpoint":
+        pytest.importorskip("orbax.checkpoint")
+    path = str(EXAMPLES / f"{name}.py")
+    monkeypatch.setattr(sys, "argv", [path, *args])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(path, run_name="__main__")
+    return exit_.value.code
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help_describes_the_example_without_running_it(
+    name: str, flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+):
+    docstring = ast.get_docstring(ast.parse((EXAMPLES / f"{name}.py").read_text()))
+    assert docstring
+    assert run_script(name, [flag], monkeypatch) == 0
+    out = capsys.readouterr().out
+    # Help is all there is: any line the example prints would come before it.
+    assert out.startswith(f"usage: {name}.py [-h]")
+    assert docstring.splitlines()[0] in out
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_unknown_option_is_an_error(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+):
+    assert run_script(name, ["--no-such-option"], monkeypatch) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing ran
+    assert "unrecognized arguments: --no-such-option" in captured.err
+
+
+def test_checkpoint_to_host(capsys: pytest.CaptureFixture):
     assert run_example("checkpoint_to_host") == {"host_numpy": True, "roundtrip": True}
+    # The refused load is printed whole: the problem list follows the header line.
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if "(1 problem):" in line)
+    assert "dropout.p" in "".join(lines[header + 1 : header + 2]), out
 
 
 def test_switch_over_modules():
@@ -50,8 +108,6 @@ def test_retrace_debugging():
 
 @needs_devices(8)
 def test_orbax_checkpoint():
-    import pytest
-
     pytest.importorskip("orbax.checkpoint")
     assert run_example("orbax_checkpoint") == {
         "restored_equal": True,
