@@ -1,4 +1,4 @@
-"""Benchmarks: `autostatic.AutoModule` against Equinox and plain-pytree floors.
+"""Benchmarks: `autostatic.AutoModule` against Equinox and dict / dataclass floors.
 
 Run with `python -m benchmarks [--quick | --full | --smoke] [--only SECTION[,SECTION]]
 [--out DIR | --write-results] [--sizes 4,32,256]` (`--help` lists the sections). Results
@@ -7,15 +7,24 @@ go to `benchmarks/out/<backend>/` (ignored by git) unless `--out DIR` is given; 
 
 Modules:
 
-- `models`: the same MLP / transformer / mixed-container models in every implementation
-  (`autostatic`, `eqx-static`, `eqx-filter`, `dataclass`, `dict`), built from one set of
-  arrays, plus the jit variants each implementation is called with.
-- `timing`: the interleaved timing harness (timeit-style batches, gc off, every cell in a
-  reshuffled order every round, ratios paired per round) and small statistics helpers.
-- `scenarios`: what is measured: pytree operations, dispatch, async dispatch, retracing,
-  time to first call, training-step throughput.
-- `report`: tables, targets (MET / MISSED; not judged in `--smoke`), `results.json` and
-  PNG plots.
+- `registry`: every benchmark model, one table entry each (how to add one is at its
+  top).
+- `models`: the synthetic MLP / transformer / mixed-container models in every
+  implementation (`autostatic`, `eqx-static`, `eqx-filter`, `dataclass`, `dict`), built
+  from one set of arrays, the jit variants each implementation is called with, and
+  `Model`, how the registry describes a model.
+- `real_models`: models built from `eqx.nn` layers, and their measurement.
+- `settings`: how much each mode measures.
+- `timing`: the interleaved timing harness (timeit-style batches, gc off, every cell
+  in a reshuffled order every round, ratios paired per round) and small statistics
+  helpers.
+- `scenarios`: what is measured on the synthetic models: pytree operations, dispatch,
+  async dispatch, time to first call, training-step throughput.
+- `retracing`: trace counts, scripted on the MLP and in purpose-built contrasts.
+- `serialisation`: checkpoint save / load against Equinox's and a numpy floor.
+- `schema`: the `results.json` format, as types every producer and reader shares.
+- `report`: tables, targets (MET / MISSED; not judged in `--smoke`), the verdict and
+  summary, `results.json` and PNG plots (a package, one module per idea).
 - `runner`: the command line (`main(argv)`), also used in-process by the smoke test.
 - `micro`: micro-benchmarks behind single design decisions (aux comparison, the routed
   `eqx.tree_at`): `python -m benchmarks.micro`.

@@ -5,10 +5,10 @@
 - aux comparison: the flat `tuple` subclass `Aux` vs a plain tuple vs a `NamedTuple`
   with the static values nested (what JAX's treedef `==` runs on a jit cache lookup);
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
-  `eqx.Module` and by an `AutoModule`, for an array and for a sub-module target;
+  `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
-  AutoModule (whose layers become fast twins) vs `eqx.Module` with the activation
-  marked static vs the same arrays in dicts (the floor).
+  AutoModule (which swaps the layers for its own fast layer classes) vs `eqx.Module`
+  with the activation marked static vs the same arrays in dicts (the floor).
 """
 
 from typing import Any, NamedTuple
@@ -25,12 +25,15 @@ from .timing import paired_ratio, run_interleaved
 
 
 class _NestedAux(NamedTuple):
+    """An aux with the static values nested in a tuple of their own."""
+
     layout: Any
     static_types: tuple[type, ...]
     static_values: tuple[Any, ...]
 
 
 def _report(title: str, samples: dict[str, list[float]], reference: str) -> None:
+    """Prints every cell's paired ratio to the `reference` cell."""
     print(title)
     for name, values in samples.items():
         if name != reference:
@@ -42,6 +45,8 @@ def _report(title: str, samples: dict[str, list[float]], reference: str) -> None
 
 
 def aux_comparison(rounds: int = 30) -> None:
+    """`==` of two equal aux values in three layouts: what a jit cache lookup
+    compares."""
     layout = object()
 
     def values() -> tuple[Any, ...]:
@@ -51,12 +56,12 @@ def aux_comparison(rounds: int = 30) -> None:
         return tuple(map(type, v))
 
     va, vb = values(), values()
-    plain = (layout, types(va), *va), (layout, types(vb), *vb)
-    flat = Aux(plain[0]), Aux(plain[1])
+    tuples = (layout, types(va), *va), (layout, types(vb), *vb)
+    flat = Aux(tuples[0]), Aux(tuples[1])
     nested = _NestedAux(layout, types(va), va), _NestedAux(layout, types(vb), vb)
     samples = run_interleaved(
         {
-            "plain tuple": lambda: plain[0] == plain[1],
+            "plain tuple": lambda: tuples[0] == tuples[1],
             "Aux (tuple subclass)": lambda: flat[0] == flat[1],
             "NamedTuple, values nested": lambda: nested[0] == nested[1],
         },
@@ -74,31 +79,32 @@ class _AutoHolder(asx.AutoModule):
 
 
 def routed_tree_at(rounds: int = 15) -> None:
+    """The routed `eqx.tree_at` against Equinox's own, on both holders."""
     keys = jax.random.split(jax.random.key(0), 256)
     layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
     weight, linear = jnp.ones((8, 8)), eqx.nn.Linear(8, 8, key=keys[0])
     for holder in (_EqxHolder(layers), _AutoHolder(layers)):
         cells = {}
-        for target, where, new in (
+        for replaced, where, new in (
             ("array", lambda m: m.layers[3].weight, weight),
             ("sub-module", lambda m: m.layers[3], linear),
         ):
-            cells[f"Equinox's, {target}"] = lambda w=where, n=new, h=holder: (
+            cells[f"Equinox's, {replaced}"] = lambda w=where, n=new, h=holder: (
                 original_tree_at(w, h, n)
             )
-            cells[f"routed, {target}"] = lambda w=where, n=new, h=holder: eqx.tree_at(
+            cells[f"routed, {replaced}"] = lambda w=where, n=new, h=holder: eqx.tree_at(
                 w, h, n
             )
-        samples = run_interleaved(cells, rounds, target_batch_s=0.02)
+        samples = run_interleaved(cells, rounds, batch_s=0.02)
         print(
             f"eqx.tree_at on 256 eqx.nn.Linear in an {type(holder).__mro__[1].__name__}"
         )
-        for target in ("array", "sub-module"):
+        for replaced in ("array", "sub-module"):
             ratio = paired_ratio(
-                samples[f"routed, {target}"], samples[f"Equinox's, {target}"]
+                samples[f"routed, {replaced}"], samples[f"Equinox's, {replaced}"]
             )
             print(
-                f"  {target}: routed / Equinox's {ratio['median']:.3f}x "
+                f"  {replaced}: routed / Equinox's {ratio['median']:.3f}x "
                 f"(IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})"
             )
 
@@ -114,16 +120,19 @@ class _AutoLinears(asx.AutoModule):
 
 
 def _read_layers(model: Any) -> None:
+    """Reads every layer's arrays through its attributes."""
     for layer in model.layers:
         layer.weight, layer.bias  # noqa: B018  # the reads are what is timed
 
 
 def _read_dicts(tree: Any) -> None:
+    """Reads every layer's arrays from its dict."""
     for layer in tree["layers"]:
         layer["weight"], layer["bias"]  # the reads are what is timed
 
 
 def linear_256(rounds: int = 20) -> None:
+    """Tree operations on 256 `eqx.nn.Linear`: AutoModule vs eqx.Module vs dicts."""
     keys = jax.random.split(jax.random.key(0), 256)
     layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
     trees = {

@@ -1,6 +1,7 @@
-"""The benchmarked models, in every implementation, built from the same arrays.
+"""The synthetic benchmark models, in every implementation, built from the same arrays;
+and `Model`, how the registry (`registry.MODELS`) describes any benchmark model.
 
-Three model families:
+Three synthetic models:
 
 - `mlp`: N layers, each `weight f32[8,8]`, `bias f32[8]`, `activation=jax.nn.relu`,
   `width=8` (int), `sizes=[8, 8]` (list of ints); the MLP has a `scale: float`.
@@ -11,28 +12,30 @@ Three model families:
 
 Implementations (`IMPLS`):
 
-- `autostatic`: `AutoModule` subclasses written as a user would, plain annotations and
+- `autostatic`: `AutoModule` subclasses written as a user would, bare annotations and
   no field markers (the classes below).
-- `eqx-static`: `eqx.Module` twins with every non-array field `eqx.field(static=True)`
-  (lists of ints as tuples). A mixed container cannot be a static field (it holds
-  arrays), so its non-array items are wrapped in a `Box` module with one static field,
-  which is what an Equinox user has to do for plain `jax.jit`.
-- `eqx-filter`: `eqx.Module` twins with no markers (what users usually write); it needs
-  `eqx.filter_jit`, plain `jax.jit` rejects the function/int leaves.
+- `eqx-static`: `eqx.Module` counterparts with every non-array field
+  `eqx.field(static=True)` (lists of ints as tuples): the fair twin's classes. A mixed
+  container cannot be a static field (it holds arrays), so its non-array items are
+  wrapped in a `Box` module with one static field, which is what an Equinox user has to
+  do for plain `jax.jit`.
+- `eqx-filter`: `eqx.Module` counterparts with no markers (what users usually write);
+  it needs `eqx.filter_jit`, plain `jax.jit` rejects the function/int leaves.
 - `dataclass`: frozen dataclasses registered with `jax.tree_util.register_dataclass`,
   non-array fields as meta fields (a floor: flatten runs in C++).
-- `dict`: the arrays in plain dicts/lists (the physical floor); the non-array data is held
-  outside the pytree and closed over by the jitted function, as hand-written JAX does.
+- `dict`: the arrays in built-in dicts/lists (the physical floor); the non-array data is
+  held outside the pytree and closed over by the jitted function, as hand-written JAX
+  does.
 
 `python-node` (pytree-operation tables only) holds the MLP's arrays in the cheapest
 possible Python-registered node: the floor of any module class whose flatten/unflatten
 run in Python, as eqx.Module's and AutoModule's do.
 
-The twins are generated from the AutoModule classes' annotations (`_twin`), so every
-implementation has the same fields in the same order; only the static markers differ.
-Every forward function is written once, with attribute access; the `dict` floor sees an
-attribute view of `params` merged with its closed-over config (`merge`), built only at
-trace time so it costs nothing per call.
+The counterparts are generated from the AutoModule classes' annotations
+(`_counterpart`), so every implementation has the same fields in the same order; only
+the static markers differ. Every forward function is written once, with attribute
+access; the `dict` floor sees an attribute view of `params` merged with its closed-over
+config (`merge`), built only at trace time so it costs nothing per call.
 """
 
 import dataclasses
@@ -71,19 +74,47 @@ VARIANTS: tuple[tuple[str, str], ...] = (
 )
 
 
+# What each jit name wraps a function with.
+JITS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    JAX_JIT: jax.jit,
+    FILTER_JIT: eqx.filter_jit,
+}
+
+
 def variant_name(impl: str, jit: str) -> str:
+    """A variant's name in results.json: `"<implementation> / <jit>"`."""
     return f"{impl} / {jit}"
 
 
 # --------------------------------------------------------------------------------------
-# AutoModule classes, written as a user would. The base class is looked up lazily so an
-# autostatic that fails to import is reported instead of breaking every benchmark.
+# AutoModule classes, written as a user would.
 # --------------------------------------------------------------------------------------
 
-_AutoBase: type = asx.AutoModule if asx is not None else eqx.Module
+# AutoModule, or eqx.Module where autostatic failed to import: the classes still exist,
+# so that the failure is reported (building an `autostatic` model refuses) instead of
+# breaking every benchmark at import.
+AutoBase: type = asx.AutoModule if asx is not None else eqx.Module
+
+# The non-array fields of each class: static markers for eqx-static, meta fields for the
+# dataclass floor. AutoModule never reads this; it decides from the values.
+STATIC_FIELDS: dict[str, tuple[str, ...]] = {}
+_AUTO_CLASSES: dict[str, type] = {}
 
 
-class Layer(_AutoBase):
+def _user_class(*static: str) -> Callable[[type], type]:
+    """Registers an AutoModule class of the synthetic models with the names of its
+    non-array fields, from which `_counterpart` makes the other implementations."""
+
+    def register(cls: type) -> type:
+        STATIC_FIELDS[cls.__name__] = static
+        _AUTO_CLASSES[cls.__name__] = cls
+        return cls
+
+    return register
+
+
+@_user_class("activation", "width", "sizes")
+class Layer(AutoBase):
     weight: jax.Array
     bias: jax.Array
     activation: Callable
@@ -91,18 +122,21 @@ class Layer(_AutoBase):
     sizes: list
 
 
-class MLP(_AutoBase):
+@_user_class("scale")
+class MLP(AutoBase):
     layers: list
     scale: float
 
 
-class LayerNorm(_AutoBase):
+@_user_class("eps")
+class LayerNorm(AutoBase):
     gamma: jax.Array
     beta: jax.Array
     eps: float
 
 
-class Attention(_AutoBase):
+@_user_class("num_heads")
+class Attention(AutoBase):
     wq: jax.Array
     wk: jax.Array
     wv: jax.Array
@@ -110,7 +144,8 @@ class Attention(_AutoBase):
     num_heads: int
 
 
-class FeedForward(_AutoBase):
+@_user_class("activation")
+class FeedForward(AutoBase):
     w1: jax.Array
     b1: jax.Array
     w2: jax.Array
@@ -118,7 +153,8 @@ class FeedForward(_AutoBase):
     activation: Callable
 
 
-class Block(_AutoBase):
+@_user_class("dropout")
+class Block(AutoBase):
     ln1: LayerNorm
     attn: Attention
     ln2: LayerNorm
@@ -126,59 +162,32 @@ class Block(_AutoBase):
     dropout: float
 
 
-class Transformer(_AutoBase):
+@_user_class()
+class Transformer(AutoBase):
     blocks: list
     ln_f: LayerNorm
 
 
-class Linear(_AutoBase):
+@_user_class()
+class Linear(AutoBase):
     weight: jax.Array
     bias: jax.Array
 
 
-class Mixed(_AutoBase):
+@_user_class()
+class Mixed(AutoBase):
     parts: list
 
 
-class Box(_AutoBase):
-    """Only the `eqx-static` and `dataclass` twins are used: a static wrapper."""
+@_user_class("value")
+class Box(AutoBase):
+    """Only the `eqx-static` and `dataclass` counterparts are used: a static wrapper."""
 
     value: Any
 
 
-# The non-array fields of each class: static markers for eqx-static, meta fields for the
-# dataclass floor. AutoModule never reads this; it decides from the values.
-STATIC_FIELDS: dict[str, tuple[str, ...]] = {
-    "Layer": ("activation", "width", "sizes"),
-    "MLP": ("scale",),
-    "LayerNorm": ("eps",),
-    "Attention": ("num_heads",),
-    "FeedForward": ("activation",),
-    "Block": ("dropout",),
-    "Transformer": (),
-    "Linear": (),
-    "Mixed": (),
-    "Box": ("value",),
-}
-_AUTO_CLASSES: dict[str, type] = {
-    c.__name__: c
-    for c in (
-        Layer,
-        MLP,
-        LayerNorm,
-        Attention,
-        FeedForward,
-        Block,
-        Transformer,
-        Linear,
-        Mixed,
-        Box,
-    )
-}
-
-
-def _twin(auto_cls: type, style: str) -> type:
-    """The `style` twin of an AutoModule class: same fields, same order."""
+def _counterpart(auto_cls: type, style: str) -> type:
+    """The `style` implementation of an AutoModule class: same fields, same order."""
     name = auto_cls.__name__
     annotations = dict(auto_cls.__annotations__)
     static = STATIC_FIELDS[name]
@@ -205,8 +214,8 @@ def _twin(auto_cls: type, style: str) -> type:
     raise ValueError(style)
 
 
-_TWINS: dict[str, dict[str, type]] = {
-    style: {name: _twin(cls, style) for name, cls in _AUTO_CLASSES.items()}
+_COUNTERPARTS: dict[str, dict[str, type]] = {
+    style: {name: _counterpart(cls, style) for name, cls in _AUTO_CLASSES.items()}
     for style in ("eqx-static", "eqx-filter", "dataclass")
 }
 
@@ -218,6 +227,8 @@ _TWINS: dict[str, dict[str, type]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Kit:
+    """How one implementation builds a node, a list of ints and a static item."""
+
     impl: str
 
     def node(self, kind: str, **fields: Any) -> Any:
@@ -227,7 +238,7 @@ class Kit:
             if asx is None:
                 raise RuntimeError(f"autostatic is unavailable ({AUTOSTATIC_ERROR})")
             return _AUTO_CLASSES[kind](**fields)
-        return _TWINS[self.impl][kind](**fields)
+        return _COUNTERPARTS[self.impl][kind](**fields)
 
     def ints(self, values: Sequence[int]) -> Any:
         # Static fields must be hashable for eqx (a list would be accepted by jax.jit,
@@ -246,7 +257,7 @@ class Kit:
 
 
 def unbox(x: Any) -> Any:
-    """The value of a `Box` twin, or `x` itself (trace-time only)."""
+    """The value of a `Box` counterpart, or `x` itself (trace-time only)."""
     return x.value if type(x).__name__ == "Box" and hasattr(x, "value") else x
 
 
@@ -281,6 +292,8 @@ class Built:
 
 
 def _finish(impl: str, tree: Any) -> Built:
+    """A built model; the `dict` floor's tree is split into arrays and config on
+    first use."""
     return Built(impl, unsplit=tree) if impl == "dict" else Built(impl, tree)
 
 
@@ -290,6 +303,7 @@ def _finish(impl: str, tree: Any) -> Built:
 
 
 def _has_array(x: Any) -> bool:
+    """Whether any leaf of `x` is an array."""
     return any(eqx.is_array(leaf) for leaf in jtu.tree_leaves(x))
 
 
@@ -358,11 +372,13 @@ BATCH = 16
 
 
 def _arrays(rng: np.random.Generator, *shapes: tuple[int, ...]) -> list[jax.Array]:
+    """Seeded float32 arrays of these shapes, scaled by their fan-in, on the device."""
     host = [rng.standard_normal(s).astype(np.float32) / np.sqrt(s[0]) for s in shapes]
     return list(jax.device_put(host))
 
 
 def mlp_arrays(n: int, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
+    """The `(weight, bias)` arrays of an `n`-layer MLP."""
     rng = np.random.default_rng(seed)
     flat = _arrays(rng, *[(MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,)] * n)
     return [(flat[2 * i], flat[2 * i + 1] * 0.1) for i in range(n)]
@@ -374,6 +390,7 @@ def build_mlp(
     activation: Callable = jax.nn.relu,
     scale: float = 1.0,
 ) -> Built:
+    """The MLP in one implementation, around the given arrays."""
     kit = Kit(impl)
     layers = [
         kit.node(
@@ -390,6 +407,8 @@ def build_mlp(
 
 
 def transformer_arrays(seed: int = 0) -> list[dict[str, jax.Array]]:
+    """The arrays of the transformer's blocks, one dict per block (and one for the
+    final layer norm)."""
     rng = np.random.default_rng(seed)
     d, h = TF_DIM, TF_HIDDEN
     names_shapes = [
@@ -424,6 +443,7 @@ def transformer_arrays(seed: int = 0) -> list[dict[str, jax.Array]]:
 def build_transformer(
     impl: str, arrays: Sequence[dict[str, jax.Array]], dropout: float = 0.1
 ) -> Built:
+    """The transformer in one implementation, around the given arrays."""
     kit = Kit(impl)
 
     def norm(g: jax.Array, b: jax.Array) -> Any:
@@ -461,12 +481,14 @@ def build_transformer(
 
 
 def mixed_arrays(seed: int = 0) -> dict[str, jax.Array]:
+    """The arrays of the `mixed` model."""
     rng = np.random.default_rng(seed)
     w, b, v = _arrays(rng, (MLP_WIDTH, MLP_WIDTH), (MLP_WIDTH,), (MLP_WIDTH,))
     return {"weight": w, "bias": b, "w": v}
 
 
 def build_mixed(impl: str, arrays: dict[str, jax.Array]) -> Built:
+    """The `mixed` model in one implementation, around the given arrays."""
     kit = Kit(impl)
     linear = kit.node("Linear", weight=arrays["weight"], bias=arrays["bias"])
     parts = [
@@ -488,6 +510,8 @@ PYNODE = "python-node"
 
 
 class PyNode:
+    """The cheapest Python-registered pytree node: children in one slot, no aux."""
+
     __slots__ = ("children",)
 
 
@@ -521,6 +545,7 @@ def build_pynode_mlp(arrays: Sequence[tuple[jax.Array, jax.Array]]) -> Built:
 
 
 def mlp_apply(m: Any, x: jax.Array) -> jax.Array:
+    """The MLP's forward pass."""
     for layer in m.layers:
         x = layer.activation(x @ layer.weight + layer.bias)
     return m.scale * x
@@ -553,6 +578,7 @@ def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
 
 
 def transformer_apply(m: Any, x: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    """The transformer's forward pass (with dropout where a key is given)."""
     keys = (
         [None] * len(m.blocks)
         if key is None
@@ -570,6 +596,7 @@ def transformer_apply(m: Any, x: jax.Array, key: jax.Array | None = None) -> jax
 
 
 def mixed_apply(m: Any, x: jax.Array) -> jax.Array:
+    """The `mixed` model's forward pass."""
     linear, act, k, d = m.parts
     y = unbox(act)(x @ linear.weight + linear.bias) * unbox(k)
     return y + d["w"] if unbox(d["tag"]) == "x" else y
@@ -577,41 +604,76 @@ def mixed_apply(m: Any, x: jax.Array) -> jax.Array:
 
 # The cheap per-call function of the dispatch benchmark: reads one array.
 def mlp_probe(m: Any) -> jax.Array:
+    """The dispatch benchmark's cheap function on the MLP: one array + 1."""
     return m.layers[0].bias + 1
 
 
 def transformer_probe(m: Any) -> jax.Array:
+    """The dispatch benchmark's cheap function on the transformer."""
     return m.blocks[0].ln1.gamma + 1
 
 
 def mixed_probe(m: Any) -> jax.Array:
+    """The dispatch benchmark's cheap function on the `mixed` model."""
     return m.parts[0].bias + 1
 
 
+# The input batches of the forward passes (training, time to first call).
+MLP_INPUT_SHAPE: tuple[int, ...] = (BATCH, MLP_WIDTH)
+TF_INPUT_SHAPE: tuple[int, ...] = (BATCH // 2, TF_SEQ, TF_DIM)
+
+
+# --------------------------------------------------------------------------------------
+# How the registry describes a model, of either kind.
+# --------------------------------------------------------------------------------------
+
+# Hand-built pytrees in the five implementations of this module (`IMPLS`), measured by
+# `scenarios` (tree ops and dispatch; training where `trained`).
+SYNTHETIC = "synthetic"
+# Models built from `eqx.nn` layers in the three implementations of `real_models`,
+# measured by `real_models.measure`.
+EQX_NN = "eqx.nn"
+
+
 @dataclasses.dataclass(frozen=True)
-class Family:
-    """A model family: how to build it, its forward pass, its loss inputs."""
+class Model:
+    """One benchmark model: what it is built from, how each implementation builds it,
+    and what the sections that measure it need. The registry (`registry.MODELS`) holds
+    one per model; the fields after `probe` apply to one kind only."""
 
-    name: str
-    build: Callable[..., Built]
-    apply: Callable[..., jax.Array]
-    probe: Callable[[Any], jax.Array]
-    input_shape: tuple[int, ...]
+    name: str  # its key in results.json (a sized model: `<name>-<depth>`)
+    kind: str  # SYNTHETIC or EQX_NN
+    # Made once and shared by every implementation (arrays, or eqx.nn layers), from
+    # the depth for a sized model, else from a seed.
+    parts: Callable[[int], Any]
+    build: Callable[[str, Any], Any]  # (implementation, parts) -> the model
+    probe: Callable[[Any], jax.Array]  # dispatch's cheap function: one array + 1
+    # SYNTHETIC: the forward pass and its input (training), and whether the model is
+    # one per depth of `--sizes` and trained.
+    apply: Callable[..., jax.Array] | None = None
+    input_shape: tuple[int, ...] = ()
     uses_key: bool = False
+    sized: bool = False
+    trained: bool = False
+    # SYNTHETIC, optional: the same parts in the cheapest Python-registered node (a
+    # floor of the tree-op tables).
+    python_node: Callable[[Any], Built] | None = None
+    # EQX_NN: the sub-layer `eqx.tree_at` replaces (it has a `.weight`), a new layer of
+    # its kind, whether the `dict` floor is timed too, and other eqx-static
+    # configurations timed for treedef `==` only (for scale).
+    layer: Callable[[Any], Any] | None = None
+    new_layer: Callable[[], Any] | None = None
+    dict_floor: bool = False
+    treedef_variants: tuple[str, ...] = ()
 
-
-FAMILIES: dict[str, Family] = {
-    "mlp": Family("mlp", build_mlp, mlp_apply, mlp_probe, (BATCH, MLP_WIDTH)),
-    "transformer": Family(
-        "transformer",
-        build_transformer,
-        transformer_apply,
-        transformer_probe,
-        (BATCH // 2, TF_SEQ, TF_DIM),
-        uses_key=True,
-    ),
-    "mixed": Family("mixed", build_mixed, mixed_apply, mixed_probe, (BATCH, MLP_WIDTH)),
-}
+    def __post_init__(self) -> None:
+        """Refuses an entry that lacks what the sections measuring its kind need."""
+        needs = {SYNTHETIC: ("apply", "input_shape"), EQX_NN: ("layer", "new_layer")}
+        if self.kind not in needs:
+            raise ValueError(f"{self.name}: kind must be one of {list(needs)}")
+        missing = [field for field in needs[self.kind] if not getattr(self, field)]
+        if missing:
+            raise ValueError(f"{self.name}: a {self.kind} model needs {missing}")
 
 
 # --------------------------------------------------------------------------------------
@@ -632,12 +694,8 @@ def make_jitted(
     def merged(params: Any, *args: Any) -> Any:
         return fn(merge(params, cfg), *args)
 
-    def plain(tree: Any, *args: Any) -> Any:
+    def direct(tree: Any, *args: Any) -> Any:
         return fn(tree, *args)
 
-    body: Callable[..., Any] = merged if impl == "dict" else plain
-    if jit == JAX_JIT:
-        return jax.jit(body)
-    if jit == FILTER_JIT:
-        return eqx.filter_jit(body)
-    raise ValueError(jit)
+    body: Callable[..., Any] = merged if impl == "dict" else direct
+    return JITS[jit](body)

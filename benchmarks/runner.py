@@ -45,101 +45,34 @@ import traceback
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 
-from . import models as M, report, scenarios as S
+from . import (
+    models as M,
+    real_models,
+    registry,
+    report,
+    retracing,
+    scenarios as S,
+    serialisation,
+)
+from .schema import Machine, Results, Serialisation
+from .settings import MODES, Settings
 from .timing import frozen_heap
 
-MODES: dict[str, S.Settings] = {
-    "smoke": S.Settings(
-        mode="smoke",
-        sizes=(4, 16),
-        rounds=3,
-        target_batch_s=2e-4,
-        group_budget_s=0.5,
-        target_group_budget_s=0.5,
-        retrace_repeats=3,
-        contrast_calls=3,
-        adam_steps=5,
-        ttfc_reps=1,
-        ttfc_forward_reps=0,
-        train_sizes=(4,),
-        train_transformer=False,
-        train_steps=2,
-        train_rounds=2,
-        train_budget_s=1.0,
-        async_steps=2,
-        async_rounds=2,
-        async_host_s=2e-4,
-        async_device_s=2e-4,
-    ),
-    "quick": S.Settings(
-        mode="quick",
-        sizes=(4, 32, 256),
-        rounds=30,
-        target_batch_s=2e-3,
-        group_budget_s=2.0,
-        target_group_budget_s=6.0,
-        retrace_repeats=20,
-        contrast_calls=5,
-        adam_steps=200,
-        ttfc_reps=7,
-        ttfc_forward_reps=0,
-        train_sizes=(32,),
-        train_transformer=True,
-        train_steps=10,
-        train_rounds=10,
-        train_budget_s=3.0,
-        async_steps=10,
-        async_rounds=6,
-        async_host_s=1e-3,
-        async_device_s=3e-3,
-    ),
-    "full": S.Settings(
-        mode="full",
-        sizes=(4, 32, 256),
-        rounds=150,
-        target_batch_s=2e-3,
-        group_budget_s=None,
-        target_group_budget_s=None,
-        retrace_repeats=20,
-        contrast_calls=5,
-        adam_steps=200,
-        ttfc_reps=15,
-        ttfc_forward_reps=5,
-        train_sizes=(32, 256),
-        train_transformer=True,
-        train_steps=20,
-        train_rounds=15,
-        train_budget_s=None,
-        async_steps=50,
-        async_rounds=10,
-        async_host_s=1e-3,
-        async_device_s=3e-3,
-    ),
-}
-# Models of the tree-op / dispatch groups besides the MLPs.
-OTHER_MODELS: tuple[str, ...] = ("transformer", "mixed")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# The sections `--only` selects, in the order they run; each names its key in results.json
-# (`first_call` also fills `first_call_forward`).
-SECTIONS: dict[str, str] = {
-    "tree_ops": "pytree operations + dispatch of every model",
-    "async_dispatch": "async dispatch (deepest MLP)",
-    "retracing": "retracing (shallowest MLP)",
-    "first_call": "time to first call",
-    "training": "training-step throughput",
-    "serialisation": "checkpoint save / load vs Equinox (skipped in --smoke)",
-    "real_models": "eqx.nn layers inside user modules",
-}
-
-
 REAL_MODELS_STEP = "real models (eqx.nn layers in user modules)"
 
 
-def _sizes_arg(text: str) -> tuple[int, ...]:
+# --------------------------------------------------------------------------------------
+# The command line.
+# --------------------------------------------------------------------------------------
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    """`--sizes`: positive integers, comma-separated."""
     parts = [x.strip() for x in text.split(",")]
     if not all(x.isascii() and x.isdigit() and int(x) > 0 for x in parts):
         raise argparse.ArgumentTypeError(
@@ -148,7 +81,8 @@ def _sizes_arg(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in parts)
 
 
-def _only_arg(text: str) -> tuple[str, ...]:
+def _parse_sections(text: str) -> tuple[str, ...]:
+    """`--only`: known section names (`-` for `_`), in the order they run."""
     names = [x.strip().replace("-", "_") for x in text.split(",")]
     unknown = [x for x in names if x not in SECTIONS]
     if unknown:
@@ -159,44 +93,25 @@ def _only_arg(text: str) -> tuple[str, ...]:
     return tuple(x for x in SECTIONS if x in names)  # the order they run in
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks",
-        allow_abbrev=False,
-        description="Benchmarks autostatic.AutoModule against eqx.Module (static fields / "
-        "filter_jit) and dict/dataclass floors; prints tables and MET/MISSED targets, writes "
-        "results.json, results.md and PNG plots.",
-    )
+def _add_mode_options(p: argparse.ArgumentParser) -> None:
+    """`--quick`, `--full`, `--smoke`: one at most."""
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--quick",
-        dest="mode",
-        action="store_const",
-        const="quick",
-        help="README numbers, < 2 min on 2 CPU cores (default)",
-    )
-    mode.add_argument(
-        "--full",
-        dest="mode",
-        action="store_const",
-        const="full",
-        help="more rounds, 256-layer training, forward-pass first calls (~7 min on 2 cores)",
-    )
-    mode.add_argument(
-        "--smoke",
-        dest="mode",
-        action="store_const",
-        const="smoke",
-        help="seconds; only checks that everything runs (targets not judged)",
-    )
-    p.add_argument(
-        "--only",
-        type=_only_arg,
-        default=None,
-        metavar="SECTION[,SECTION]",
-        help="run only these sections (default all): "
-        + "; ".join(f"{k} = {v}" for k, v in SECTIONS.items()),
-    )
+    for name, text in (
+        ("quick", "README numbers, < 2 min on 2 CPU cores (default)"),
+        (
+            "full",
+            "more rounds, 256-layer training, forward-pass first calls (~7 min on 2 "
+            "cores)",
+        ),
+        ("smoke", "seconds; only checks that everything runs (targets not judged)"),
+    ):
+        mode.add_argument(
+            f"--{name}", dest="mode", action="store_const", const=name, help=text
+        )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """`--out DIR` or `--write-results`: one at most."""
     where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--out",
@@ -211,9 +126,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="write the committed benchmarks/results/<backend>/ (not with --smoke "
         "or --only)",
     )
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The options of `python -m benchmarks`."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        allow_abbrev=False,
+        description="Benchmarks autostatic.AutoModule against eqx.Module (static fields / "
+        "filter_jit) and dict/dataclass floors; prints tables and MET/MISSED targets, writes "
+        "results.json, results.md and PNG plots.",
+    )
+    _add_mode_options(p)
+    p.add_argument(
+        "--only",
+        type=_parse_sections,
+        default=None,
+        metavar="SECTION[,SECTION]",
+        help="run only these sections (default all): "
+        + "; ".join(f"{k} = {v.description}" for k, v in SECTIONS.items()),
+    )
+    _add_output_options(p)
     p.add_argument(
         "--sizes",
-        type=_sizes_arg,
+        type=_parse_sizes,
         default=None,
         help="MLP depths: positive integers, comma-separated (default 4,32,256)",
     )
@@ -233,6 +169,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, `mode` defaulted to quick; exits (status 2) on a refused line."""
+    p = make_parser()
     args = p.parse_args(argv)
     args.mode = args.mode or "quick"
     if args.write_results and (args.mode == "smoke" or args.only):
@@ -253,15 +195,25 @@ def out_dir(args: argparse.Namespace, backend: str) -> Path:
     return report.default_out_dir(backend)
 
 
-def machine_info(mode: str) -> dict[str, Any]:
-    versions = {}
-    for pkg in ("jax", "jaxlib", "equinox", "optax", "autostatic", "numpy"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
+def settings_for(args: argparse.Namespace) -> Settings:
+    """The mode's settings, with `--sizes` (and the trained depths among them)."""
+    settings = MODES[args.mode]
+    if args.sizes:
+        sizes = tuple(sorted(set(args.sizes)))
+        train = tuple(n for n in settings.train_sizes if n in sizes) or (sizes[0],)
+        settings = dataclasses.replace(settings, sizes=sizes, train_sizes=train)
+    return settings
+
+
+# --------------------------------------------------------------------------------------
+# The machine.
+# --------------------------------------------------------------------------------------
+
+
+def _git_commit() -> str | None:
+    """The checkout's short commit, if git can tell."""
     try:
-        commit = (
+        return (
             subprocess.run(
                 ["git", "rev-parse", "--short", "HEAD"],
                 cwd=REPO_ROOT,
@@ -272,7 +224,18 @@ def machine_info(mode: str) -> dict[str, Any]:
             or None
         )
     except (OSError, subprocess.SubprocessError):
-        commit = None
+        return None
+
+
+def describe_machine(mode: str) -> Machine:
+    """What results.json records about where and with what it was made."""
+    versions: dict[str, str | None] = {}
+    for pkg in ("jax", "jaxlib", "equinox", "optax", "autostatic", "numpy"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    commit = _git_commit()
     devices = jax.devices()
     try:
         usable = len(os.sched_getaffinity(0))
@@ -296,42 +259,138 @@ def machine_info(mode: str) -> dict[str, Any]:
     }
 
 
-def _settings(args: argparse.Namespace) -> S.Settings:
-    settings = MODES[args.mode]
-    if args.sizes:
-        sizes = tuple(sorted(set(args.sizes)))
-        train = tuple(n for n in settings.train_sizes if n in sizes) or (sizes[0],)
-        settings = dataclasses.replace(settings, sizes=sizes, train_sizes=train)
-    return settings
+# --------------------------------------------------------------------------------------
+# Progress.
+# --------------------------------------------------------------------------------------
 
 
-def _arrays_for(model: str, cache: dict[str, Any]) -> tuple[M.Family, Any]:
-    """The family and the arrays of a model name (`mlp-32`, `transformer`, `mixed`),
-    built once and shared by every implementation and section."""
-    if model not in cache:
-        if model.startswith("mlp-"):
-            cache[model] = M.mlp_arrays(int(model.split("-")[1]))
-        elif model == "transformer":
-            cache[model] = M.transformer_arrays()
-        elif model == "mixed":
-            cache[model] = M.mixed_arrays()
-        else:
-            raise ValueError(model)
-    family = M.FAMILIES["mlp" if model.startswith("mlp-") else model]
-    return family, cache[model]
+class Progress:
+    """Progress lines on stderr, each with the time since the run started."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.elapsed():6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def _budget(model: str, settings: S.Settings) -> float | None:
-    """The MLP the targets are read on (256 layers, else the deepest) gets more rounds."""
-    target = (
-        report.TARGET_N if report.TARGET_N in settings.sizes else max(settings.sizes)
+def step_kind(label: str) -> str:
+    """The kind of a step, for the ETA: its label up to the first `:` or ` (`."""
+    return label.split(":")[0].split(" (")[0].strip()
+
+
+def eta_text(
+    done: list[tuple[str, float]], remaining: list[tuple[str, float | None]]
+) -> str:
+    """`, ETA ~40 s`: the steps still to run (this one included, each a `(kind, budget)`
+    pair), each estimated by the mean time of the steps of its kind run so far, else by
+    its timing budget where it has one (a lower bound: compiling comes on top) or the
+    mean of every step so far, whichever is larger. Empty before the first step has
+    finished (nothing to estimate from)."""
+    if not done or not remaining:
+        return ""
+    overall = sum(s for _, s in done) / len(done)
+    by_kind: dict[str, list[float]] = {}
+    for kind, seconds in done:
+        by_kind.setdefault(kind, []).append(seconds)
+    left = sum(
+        sum(by_kind[k]) / len(by_kind[k]) if k in by_kind else max(overall, b or 0.0)
+        for k, b in remaining
     )
-    if model == f"mlp-{target}":
+    if left >= 90:
+        return f", ETA ~{left / 60:.0f} min"
+    return f", ETA ~{max(1.0, left):.0f} s"
+
+
+# --------------------------------------------------------------------------------------
+# One run: its steps, planned per section, then run in order.
+# --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of a run: its progress label, what it measures, where its result goes,
+    and its wall budget (a lower bound for the ETA) where it has one."""
+
+    label: str
+    measure: Callable[[], Any]
+    store: Callable[[Any], None]
+    budget_s: float | None = None
+
+
+class Run:
+    """One run: its options, its results as they fill in, and the parts of every
+    synthetic model, made once and shared by every section."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        settings: Settings,
+        results: Results,
+        progress: Progress,
+    ) -> None:
+        self.args, self.settings, self.results = args, settings, results
+        self.progress = progress
+        self.isolate: bool = (
+            args.isolate if args.isolate is not None else args.mode == "full"
+        )
+        self._parts: dict[str, Any] = {}
+
+    def parts(self, model: str) -> Any:
+        """What every implementation of a synthetic model is built from."""
+        if model not in self._parts:
+            self._parts[model] = registry.make_parts(model)
+        return self._parts[model]
+
+    def store(self, key: str, sub: str | None = None) -> Callable[[Any], None]:
+        """Puts a step's result at `results[key]` (or `results[key][sub]`; a failed
+        step's `None` is not put there)."""
+        results = cast(dict[str, Any], self.results)
+
+        def put(res: Any) -> None:
+            if sub is None:
+                results[key] = res
+            elif res is not None:
+                results[key][sub] = res
+
+        return put
+
+    def guarded(
+        self, name: str, fn: Callable[[], Any], progress: str = "", eta: str = ""
+    ) -> Any:
+        """`fn()`, or None after recording its exception as the section's error."""
+        self.progress.log(f"{progress}{name}{eta}")
+        try:
+            # keeps the collector's full-heap scans out of every section
+            with frozen_heap():
+                return fn()
+        except Exception as err:
+            traceback.print_exc()
+            self.results["errors"].append(
+                {"section": name, "error": f"{type(err).__name__}: {err}"}
+            )
+            return None
+
+
+def group_budget(model: str, settings: Settings) -> float | None:
+    """A tree-op group's wall budget: the MLP the targets are read on (256 layers,
+    else the deepest) gets more rounds."""
+    depth = (
+        report.TARGETS_DEPTH
+        if report.TARGETS_DEPTH in settings.sizes
+        else max(settings.sizes)
+    )
+    if model == f"mlp-{depth}":
         return settings.target_group_budget_s
     return settings.group_budget_s
 
 
-def _tree_ops_isolated(model: str, mode: str, sizes: tuple[int, ...]) -> dict[str, Any]:
+def run_tree_ops_in_subprocess(
+    model: str, mode: str, sizes: tuple[int, ...]
+) -> dict[str, Any]:
     """Runs one tree-op group in a fresh interpreter (like the anchor harness's
     per-size processes), so one model's heap and caches cannot affect another's."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -363,264 +422,221 @@ def _tree_ops_isolated(model: str, mode: str, sizes: tuple[int, ...]) -> dict[st
         return json.loads(path.read_text())
 
 
-def _serialisation(quick: bool) -> dict[str, Any]:
-    """Runs `benchmarks/serialisation.py`'s `run(quick)` if it exists (written separately)."""
+def run_serialisation(quick: bool) -> Serialisation:
+    """The checkpoint section: `serialisation.run(quick)`, or why it failed."""
     try:
-        from . import serialisation  # type: ignore[attr-defined]
-    except ModuleNotFoundError as err:
-        if err.name == f"{__package__}.serialisation":
-            return {
-                "status": "missing",
-                "error": "benchmarks/serialisation.py does not exist",
-            }
-        return {"status": "failed", "error": f"import: {type(err).__name__}: {err}"}
-    except Exception as err:
-        return {"status": "failed", "error": f"import: {type(err).__name__}: {err}"}
-    run = getattr(serialisation, "run", None)
-    if not callable(run):
-        return {
-            "status": "failed",
-            "error": "benchmarks/serialisation.py has no run(quick) function",
-        }
-    try:
-        out = run(quick=quick)
+        out = serialisation.run(quick=quick)
     except Exception as err:
         traceback.print_exc()
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     return {"status": "ok", "results": out}
 
 
-def _real_models(settings: S.Settings) -> dict[str, Any]:
-    """`benchmarks/real_models.py` (imported here: it needs autostatic to import)."""
-    from . import real_models
-
-    return real_models.run(settings)
-
-
-def _kind(label: str) -> str:
-    """The kind of a step, for the ETA: its label up to the first `:` or ` (`."""
-    return label.split(":")[0].split(" (")[0].strip()
-
-
-def eta_text(
-    done: list[tuple[str, float]], remaining: list[tuple[str, float | None]]
-) -> str:
-    """`, ETA ~40 s`: the steps still to run (this one included, each a `(kind, budget)`
-    pair), each estimated by the mean time of the steps of its kind run so far, else by
-    its timing budget where it has one (a lower bound: compiling comes on top) or the
-    mean of every step so far, whichever is larger. Empty before the first step has
-    finished (nothing to estimate from)."""
-    if not done or not remaining:
-        return ""
-    overall = sum(s for _, s in done) / len(done)
-    by_kind: dict[str, list[float]] = {}
-    for kind, seconds in done:
-        by_kind.setdefault(kind, []).append(seconds)
-    left = sum(
-        sum(by_kind[k]) / len(by_kind[k]) if k in by_kind else max(overall, b or 0.0)
-        for k, b in remaining
-    )
-    if left >= 90:
-        return f", ETA ~{left / 60:.0f} min"
-    return f", ETA ~{max(1.0, left):.0f} s"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    settings = _settings(args)
-    start = time.perf_counter()
-    arrays: dict[str, Any] = {}
-
-    if args.worker:  # a child process of `_tree_ops_isolated`
-        family, arr = _arrays_for(args.worker, arrays)
-        res = S.tree_ops(
-            args.worker, family, arr, settings, budget_s=_budget(args.worker, settings)
+def _plan_tree_ops(run: Run) -> list[Step]:
+    """A tree-op / dispatch group per synthetic model (each in its own process with
+    `--isolate`)."""
+    settings, steps = run.settings, []
+    for i, model in enumerate(registry.tree_ops_models(settings.sizes)):
+        if run.isolate:
+            steps.append(
+                Step(
+                    f"tree ops + dispatch: {model} (own process)",
+                    lambda m=model: run_tree_ops_in_subprocess(
+                        m, run.args.mode, settings.sizes
+                    ),
+                    run.store("tree_ops", model),
+                )
+            )
+            continue
+        steps.append(
+            Step(
+                f"tree ops + dispatch: {model}",
+                lambda m=model, i=i: S.tree_ops(
+                    m,
+                    registry.synthetic_model(m),
+                    run.parts(m),
+                    settings,
+                    seed=i,
+                    budget_s=group_budget(m, settings),
+                ),
+                run.store("tree_ops", model),
+                group_budget(model, settings),
+            )
         )
-        args.worker_out.write_text(json.dumps(report._jsonable(res)))
-        return 0
+    return steps
 
-    machine = machine_info(args.mode)
-    out = out_dir(args, machine["backend"])
-    out.mkdir(parents=True, exist_ok=True)
-    isolate = args.isolate if args.isolate is not None else args.mode == "full"
-    sections = args.only or tuple(SECTIONS)
-    empty: dict[str, Any] = {
-        "tree_ops": {},
-        "async_dispatch": None,
-        "retracing": None,
-        "first_call": {},
-        "first_call_forward": {},
-        "training": {},
-        "serialisation": None,
-        "real_models": None,
-    }
+
+def _plan_async_dispatch(run: Run) -> list[Step]:
+    """Async dispatch on the deepest MLP."""
+    deepest = f"mlp-{max(run.settings.sizes)}"
+    return [
+        Step(
+            f"async dispatch ({deepest})",
+            lambda: S.async_dispatch(run.parts(deepest), run.settings),
+            run.store("async_dispatch"),
+        )
+    ]
+
+
+def _plan_retracing(run: Run) -> list[Step]:
+    """Retracing on the shallowest MLP."""
+    shallowest = f"mlp-{min(run.settings.sizes)}"
+    return [
+        Step(
+            f"retracing ({shallowest})",
+            lambda: retracing.retracing(run.parts(shallowest), run.settings),
+            run.store("retracing"),
+        )
+    ]
+
+
+def _plan_first_call(run: Run) -> list[Step]:
+    """Time to first call per MLP depth, of the cheap function (and of the forward
+    pass in --full)."""
+    settings, steps = run.settings, []
+    for fn, key, reps in (
+        ("probe", "first_call", settings.ttfc_reps),
+        ("forward", "first_call_forward", settings.ttfc_forward_reps),
+    ):
+        for n in settings.sizes if reps else ():
+            steps.append(
+                Step(
+                    f"time to first call, {fn} (mlp-{n})",
+                    lambda n=n, fn=fn: S.first_call(
+                        n, run.parts(f"mlp-{n}"), settings, fn, seed=n
+                    ),
+                    run.store(key, str(n)),
+                )
+            )
+    return steps
+
+
+def _plan_training(run: Run) -> list[Step]:
+    """The training step of every trained model."""
+    settings = run.settings
+    return [
+        Step(
+            f"training step ({model})",
+            lambda m=model: S.training(
+                m, registry.synthetic_model(m), run.parts(m), settings
+            ),
+            run.store("training", model),
+            settings.train_budget_s,
+        )
+        for model in registry.trained_models(settings)
+    ]
+
+
+def _plan_serialisation(run: Run) -> list[Step]:
+    """The checkpoint benchmark (skipped in --smoke)."""
+    if run.args.mode == "smoke":  # seconds are not enough to write a checkpoint
+        run.results["serialisation"] = {
+            "status": "skipped",
+            "error": "not run in --smoke mode",
+        }
+        return []
+    return [
+        Step(
+            "serialisation",
+            lambda: run_serialisation(quick=run.args.mode == "quick"),
+            run.store("serialisation"),
+        )
+    ]
+
+
+def _plan_real_models(run: Run) -> list[Step]:
+    """Every eqx.nn model, in one step."""
+    per_model = run.settings.target_group_budget_s
+    return [
+        Step(
+            REAL_MODELS_STEP,
+            lambda: real_models.run(run.settings, registry.EQX_NN_MODELS),
+            run.store("real_models"),
+            None if per_model is None else len(registry.EQX_NN_MODELS) * per_model,
+        )
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A section `--only` selects: what it measures (for `--help`), where it goes in
+    results.json before it has run, and how it plans its steps."""
+
+    description: str
+    empty: dict[str, Any]  # results key -> value before the section has run
+    plan: Callable[[Run], list[Step]]
+
+
+# The sections in the order they run; each names its key in results.json.
+SECTIONS: dict[str, Section] = {
+    "tree_ops": Section(
+        "pytree operations + dispatch of every model",
+        {"tree_ops": {}},
+        _plan_tree_ops,
+    ),
+    "async_dispatch": Section(
+        "async dispatch (deepest MLP)", {"async_dispatch": None}, _plan_async_dispatch
+    ),
+    "retracing": Section(
+        "retracing (shallowest MLP)", {"retracing": None}, _plan_retracing
+    ),
+    "first_call": Section(
+        "time to first call",
+        {"first_call": {}, "first_call_forward": {}},
+        _plan_first_call,
+    ),
+    "training": Section("training-step throughput", {"training": {}}, _plan_training),
+    "serialisation": Section(
+        "checkpoint save / load vs Equinox (skipped in --smoke)",
+        {"serialisation": None},
+        _plan_serialisation,
+    ),
+    "real_models": Section(
+        "eqx.nn layers inside user modules", {"real_models": None}, _plan_real_models
+    ),
+}
+
+
+def _new_results(
+    machine: Machine, settings: Settings, sections: tuple[str, ...]
+) -> Results:
+    """The results before any step has run: only the keys of the sections that run."""
     results: dict[str, Any] = {
         "machine": machine,
         "settings": dataclasses.asdict(settings),
         "sections": list(sections),
     }
-    for key, value in empty.items():  # only the sections that run
-        if key.removesuffix("_forward") in sections:
-            results[key] = value
+    for name in sections:
+        for key, value in SECTIONS[name].empty.items():
+            results[key] = dict(value) if isinstance(value, dict) else value
     results["targets"] = []
     results["errors"] = []
+    return cast(Results, results)
 
-    def log(msg: str) -> None:
-        print(
-            f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True
-        )
 
-    def section(
-        name: str, fn: Callable[[], Any], progress: str = "", eta: str = ""
-    ) -> Any:
-        log(f"{progress}{name}{eta}")
-        try:
-            with (
-                frozen_heap()
-            ):  # keeps the collector's full-heap scans out of every section
-                return fn()
-        except Exception as err:
-            traceback.print_exc()
-            results["errors"].append(
-                {"section": name, "error": f"{type(err).__name__}: {err}"}
-            )
-            return None
-
-    if M.AUTOSTATIC_ERROR:
-        log(f"autostatic unavailable: {M.AUTOSTATIC_ERROR}")
-    log(
-        f"{args.mode} mode, backend {machine['backend']} ({machine['device_kind']}), "
-        f"sections {', '.join(sections)}, out {out}"
-    )
-
-    # Every step of the run: (label, what it runs, where its result goes), planned
-    # up front so that the progress lines can say "step k of n".
-    steps: list[tuple[str, Callable[[], Any], Callable[[Any], None]]] = []
-    # The wall budgets of the steps that have one (by label), for the ETA.
-    budgets: dict[str, float] = {}
-
-    def store(key: str, sub: str | None = None) -> Callable[[Any], None]:
-        def put(res: Any) -> None:
-            if sub is None:
-                results[key] = res
-            elif res is not None:
-                results[key][sub] = res
-
-        return put
-
-    if "tree_ops" in sections:
-        models = [f"mlp-{n}" for n in settings.sizes] + list(OTHER_MODELS)
-        for i, model in enumerate(models):
-            if isolate:
-                steps.append(
-                    (
-                        f"tree ops + dispatch: {model} (own process)",
-                        lambda m=model: _tree_ops_isolated(
-                            m, args.mode, settings.sizes
-                        ),
-                        store("tree_ops", model),
-                    )
-                )
-            else:
-                budget = _budget(model, settings)
-                if budget is not None:
-                    budgets[f"tree ops + dispatch: {model}"] = budget
-                steps.append(
-                    (
-                        f"tree ops + dispatch: {model}",
-                        lambda m=model, i=i: S.tree_ops(
-                            m,
-                            *_arrays_for(m, arrays),
-                            settings,
-                            seed=i,
-                            budget_s=_budget(m, settings),
-                        ),
-                        store("tree_ops", model),
-                    )
-                )
-
-    big = f"mlp-{max(settings.sizes)}"
-    if "async_dispatch" in sections:
-        steps.append(
-            (
-                f"async dispatch ({big})",
-                lambda: S.async_dispatch(_arrays_for(big, arrays)[1], settings),
-                store("async_dispatch"),
-            )
-        )
-    small = f"mlp-{min(settings.sizes)}"
-    if "retracing" in sections:
-        steps.append(
-            (
-                f"retracing ({small})",
-                lambda: S.retracing(_arrays_for(small, arrays)[1], settings),
-                store("retracing"),
-            )
-        )
-    if "first_call" in sections:
-        for fn, key, reps in (
-            ("probe", "first_call", settings.ttfc_reps),
-            ("forward", "first_call_forward", settings.ttfc_forward_reps),
-        ):
-            for n in settings.sizes if reps else ():
-                steps.append(
-                    (
-                        f"time to first call, {fn} (mlp-{n})",
-                        lambda n=n, fn=fn: S.first_call(
-                            n, _arrays_for(f"mlp-{n}", arrays)[1], settings, fn, seed=n
-                        ),
-                        store(key, str(n)),
-                    )
-                )
-    if "training" in sections:
-        trained = [f"mlp-{n}" for n in settings.train_sizes]
-        for model in trained + (["transformer"] if settings.train_transformer else []):
-            if settings.train_budget_s is not None:
-                budgets[f"training step ({model})"] = settings.train_budget_s
-            steps.append(
-                (
-                    f"training step ({model})",
-                    lambda m=model: S.training(m, *_arrays_for(m, arrays), settings),
-                    store("training", model),
-                )
-            )
-    if "serialisation" in sections:
-        if args.mode != "smoke":
-            steps.append(
-                (
-                    "serialisation",
-                    lambda: _serialisation(quick=args.mode == "quick"),
-                    store("serialisation"),
-                )
-            )
-        else:
-            results["serialisation"] = {
-                "status": "skipped",
-                "error": "not run in --smoke mode",
-            }
-    if "real_models" in sections:
-        if settings.target_group_budget_s is not None:  # four models, one run each
-            budgets[REAL_MODELS_STEP] = 4 * settings.target_group_budget_s
-        steps.append(
-            (
-                REAL_MODELS_STEP,
-                lambda: _real_models(settings),
-                store("real_models"),
-            )
-        )
-
+def _run_steps(run: Run, steps: list[Step]) -> None:
+    """Runs every step in order, with step k of n and an ETA on each progress line."""
     done: list[tuple[str, float]] = []  # (kind, seconds) of the steps run so far
-    for k, (label, fn, put) in enumerate(steps, 1):
-        eta = eta_text(done, [(_kind(x), budgets.get(x)) for x, *_ in steps[k - 1 :]])
+    for k, step in enumerate(steps, 1):
+        remaining = [(step_kind(s.label), s.budget_s) for s in steps[k - 1 :]]
+        eta = eta_text(done, remaining)
         begin = time.perf_counter()
-        put(section(label, fn, progress=f"{k}/{len(steps)} ", eta=eta))
-        done.append((_kind(label), time.perf_counter() - begin))
+        result = run.guarded(
+            step.label, step.measure, progress=f"{k}/{len(steps)} ", eta=eta
+        )
+        step.store(result)
+        done.append((step_kind(step.label), time.perf_counter() - begin))
 
+
+def _finish(run: Run, out: Path) -> str:
+    """Judges the targets, draws the plots, renders the report and writes every file;
+    returns the report's text."""
+    results, sections = run.results, tuple(run.results["sections"])
     results["targets"] = (
-        section(
+        run.guarded(
             "targets",
             lambda: report.evaluate_targets(
-                results, sections=sections, judged=args.mode != "smoke"
+                results, sections=sections, judged=run.args.mode != "smoke"
             ),
         )
         or []
@@ -628,18 +644,57 @@ def main(argv: list[str] | None = None) -> int:
     # The files are named in the summary at the end of the output, so the plots are
     # drawn before the text is rendered (results.json is written last).
     written = [out / "results.json", out / "results.md"]
-    if not args.no_plots:
-        results["plots"] = section("plots", lambda: report.plot(results, out)) or []
+    if not run.args.no_plots:
+        results["plots"] = run.guarded("plots", lambda: report.plot(results, out)) or []
         written += [out / name for name in results["plots"]]
         if importlib.util.find_spec("matplotlib") is None:
             results["plots_note"] = (
                 "matplotlib is not installed (pip install -e '.[bench]')"
             )
     results["files"] = [str(p) for p in written]
-    results["wall_s"] = time.perf_counter() - start
+    results["wall_s"] = run.progress.elapsed()
     text = report.render(results)
     (out / "results.md").write_text(text)
     report.write_json(results, out / "results.json")
-    log(f"done, {len(results['errors'])} section error(s)")
+    return text
+
+
+def _run_worker(args: argparse.Namespace, settings: Settings) -> int:
+    """A child process of `run_tree_ops_in_subprocess`: one tree-op group."""
+    res = S.tree_ops(
+        args.worker,
+        registry.synthetic_model(args.worker),
+        registry.make_parts(args.worker),
+        settings,
+        budget_s=group_budget(args.worker, settings),
+    )
+    args.worker_out.write_text(json.dumps(report.jsonable(res)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmarks; the exit status is 1 if a section crashed, else 0."""
+    args = parse_args(argv)
+    settings = settings_for(args)
+    progress = Progress()
+    if args.worker:
+        return _run_worker(args, settings)
+    machine = describe_machine(args.mode)
+    out = out_dir(args, machine["backend"])
+    out.mkdir(parents=True, exist_ok=True)
+    sections = args.only or tuple(SECTIONS)
+    results = _new_results(machine, settings, sections)
+    run = Run(args, settings, results, progress)
+    if M.AUTOSTATIC_ERROR:
+        run.progress.log(f"autostatic unavailable: {M.AUTOSTATIC_ERROR}")
+    run.progress.log(
+        f"{args.mode} mode, backend {machine['backend']} ({machine['device_kind']}), "
+        f"sections {', '.join(sections)}, out {out}"
+    )
+    # Planned up front so that the progress lines can say "step k of n".
+    steps = [step for name in sections for step in SECTIONS[name].plan(run)]
+    _run_steps(run, steps)
+    text = _finish(run, out)
+    run.progress.log(f"done, {len(run.results['errors'])} section error(s)")
     print(text, end="", flush=True)  # ends with the summary, which names the files
-    return 1 if results["errors"] else 0
+    return 1 if run.results["errors"] else 0

@@ -1,5 +1,5 @@
 """Checkpoint speed and peak memory: `autostatic` save/load against Equinox's and against
-a floor of plain numpy file I/O, in interleaved rounds with paired ratios.
+a floor of raw numpy file I/O, in interleaved rounds with paired ratios.
 
 The model is 16 float32 arrays (16 x 64 MB = 1 GB; 16 x 4 MB = 64 MB with `quick`), as
 device arrays (saves) or as a `filter_eval_shape` template (loads). Twelve cells:
@@ -13,7 +13,7 @@ device arrays (saves) or as a `filter_eval_shape` template (loads). Twelve cells
 | save | `numpy + writeback + fsync` | the same, each array's disk write started as soon as it is written (`sync_file_range`, as our durable save does per 8 MiB) |
 | save | `numpy` | floor: the same without the fsync |
 | load_host | `autostatic` | `autostatic.load(path, template, host=True)` |
-| load_host | `eqx` | `eqx.tree_deserialise_leaves(path, like)`, `like` of numpy leaves (zero-stride views, no memory): Equinox cannot load a `ShapeDtypeStruct` template to the host (#861) |
+| load_host | `eqx` | `eqx.tree_deserialise_leaves(path, like)`, `like` of numpy leaves (zero-stride views, no memory): Equinox cannot load a `ShapeDtypeStruct` template to the host |
 | load_host | `numpy` | floor: `open(path, "rb", buffering=0)`, then per array `np.empty(shape, dtype)` and `f.readinto(array)`; shapes known, no header |
 | load_device | `autostatic` | `autostatic.load(path, template)` |
 | load_device | `eqx` | `eqx.tree_deserialise_leaves(path, template)` |
@@ -61,6 +61,7 @@ import time
 import traceback
 from typing import Any
 
+from .schema import Checkpoint, CheckpointRatios, judge, MeasuredTarget, Ratio, Stat
 from .timing import summary
 
 AUTO, AUTO_FAST, EQX, FLOOR_SYNC, FLOOR_STREAM, FLOOR = (
@@ -101,6 +102,7 @@ REFERENCES: dict[tuple[str, str], tuple[str | None, str | None]] = {
     **{(op, FLOOR): (EQX, None) for op in (LOAD_HOST, LOAD_DEVICE)},
 }
 # The stated targets, on ours / Equinox's speed (paired median): (name, cell, minimum).
+# They are measured here and judged by the report, like every other target.
 TARGETS = (
     ("load to device", (LOAD_DEVICE, AUTO), 1.0),
     ("load to host", (LOAD_HOST, AUTO), 1.0),
@@ -109,16 +111,15 @@ TARGETS = (
 _FILES = {"autostatic": "model.safetensors", "eqx": "model.eqx", "numpy": "model.bin"}
 
 
-def _sizes(quick: bool) -> tuple[int, int]:
+def model_size(quick: bool) -> tuple[int, int]:
     """(number of arrays, side of each square float32 array)."""
     return (16, 1024) if quick else (16, 4096)  # 16 x 4 MB or 16 x 64 MB
 
 
-def _rounds(quick: bool) -> int:
-    return 9
+ROUNDS = 9  # in both sizes
 
 
-def _format(impl: str) -> str:
+def file_format(impl: str) -> str:
     """Which file format a cell writes or reads."""
     return impl.split(" ")[0]
 
@@ -126,8 +127,9 @@ def _format(impl: str) -> str:
 # --------------------------------------------------------------------------- child side
 
 
-def _models():
-    # Imported in the children only: the parent process stays free of JAX.
+def _define_models() -> Any:
+    """`build(impl, count, side, abstract)`: the model of one format. Imported in the
+    children only: the parent process stays free of JAX."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -139,7 +141,7 @@ def _models():
         weights: list
         name: str
 
-        def __init__(self, weights: list):
+        def __init__(self, weights: list) -> None:
             self.weights = weights
             self.name = "net"
 
@@ -147,13 +149,13 @@ def _models():
         weights: list
         name: str = eqx.field(static=True)
 
-        def __init__(self, weights: list):
+        def __init__(self, weights: list) -> None:
             self.weights = weights
             self.name = "net"
 
     def build(impl: str, count: int, side: int, abstract: bool) -> Any:
         """The model (a list of arrays for the floor) or, `abstract`, its template."""
-        cls = {"autostatic": AutoNet, "eqx": EqxNet, "numpy": list}[_format(impl)]
+        cls = {"autostatic": AutoNet, "eqx": EqxNet, "numpy": list}[file_format(impl)]
         if abstract:  # nothing is allocated
             return eqx.filter_eval_shape(
                 lambda: cls([jnp.zeros((side, side), "float32") for _ in range(count)])
@@ -194,6 +196,7 @@ def _numpy_save(path: str, model: list, fsync: bool, writeback: bool = False) ->
 
 
 def _numpy_load(path: str, like: list, device: bool) -> list:
+    """The floor's load: the raw bytes into arrays of known shapes (then to the device)."""
     import jax
     import numpy as np
 
@@ -207,7 +210,7 @@ def _numpy_load(path: str, like: list, device: bool) -> list:
     return out
 
 
-def _operation(op: str, impl: str) -> Any:
+def _make_operation(op: str, impl: str) -> Any:
     """`f(path, subject)` doing the cell's operation (a load returns the result)."""
     import equinox as eqx
 
@@ -232,11 +235,12 @@ def _operation(op: str, impl: str) -> Any:
     }[impl]
 
 
-def _subject(op: str, impl: str, count: int, side: int) -> Any:
+def _make_subject(op: str, impl: str, count: int, side: int) -> Any:
+    """What a cell's operation takes: the model to save, or the template to load."""
     import jax
     import numpy as np
 
-    build = _models()
+    build = _define_models()
     if op == SAVE:
         return build(impl, count, side, abstract=False)
     like = build(impl, count, side, abstract=True)
@@ -251,18 +255,19 @@ def _prepare(folder: str, count: int, side: int) -> None:
     """Writes the file each format's loads read, fsynced (so no writeback is pending)."""
     for impl in ("autostatic", "eqx", "numpy"):
         path = os.path.join(folder, _FILES[impl])
-        model = _subject(SAVE, impl, count, side)
+        model = _make_subject(SAVE, impl, count, side)
         if impl == "autostatic":
-            _operation(SAVE, AUTO)(path, model)
+            _make_operation(SAVE, AUTO)(path, model)
         elif impl == "eqx":
-            _operation(SAVE, EQX)(path, model)
+            _make_operation(SAVE, EQX)(path, model)
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
         else:
-            _operation(SAVE, FLOOR_SYNC)(path, model)
+            _make_operation(SAVE, FLOOR_SYNC)(path, model)
 
 
-def _rss_kb(field: str) -> int | None:
+def _read_rss_kb(field: str) -> int | None:
+    """A memory field of `/proc/self/status`, in kB (None where there is none)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -274,25 +279,27 @@ def _rss_kb(field: str) -> int | None:
 
 
 def _reset_peak() -> bool:
+    """Resets the peak resident set to the current one; False where Linux does not allow it."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets the peak resident set (VmHWM) to the current one
     except OSError:
         return False
-    return _rss_kb("VmHWM") is not None
+    return _read_rss_kb("VmHWM") is not None
 
 
-def _maxrss_kb() -> int:
+def _read_maxrss_kb() -> int:
+    """The process's peak resident set so far, in kB."""
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return usage // 1024 if sys.platform == "darwin" else usage  # bytes on macOS
 
 
-def _measure(op: str, impl: str, folder: str, count: int, side: int) -> dict:
+def _measure(op: str, impl: str, folder: str, count: int, side: int) -> dict[str, Any]:
     """One measurement of one cell, in a fresh process: seconds and peak memory."""
     import jax
 
-    operation = _operation(op, impl)
-    fmt = _format(impl)
+    operation = _make_operation(op, impl)
+    fmt = file_format(impl)
     if op == SAVE:
         # A name ending in .eqx, which Equinox would otherwise append.
         path = os.path.join(folder, f"save-{impl.replace(' ', '-')}.{fmt}.eqx")
@@ -303,25 +310,25 @@ def _measure(op: str, impl: str, folder: str, count: int, side: int) -> dict:
 
     # Warm code, cold memory: the same calls on a tiny model of the same structure.
     writer = impl if op == SAVE else _WRITER[fmt]
-    _operation(SAVE, writer)(warm_path, _subject(SAVE, writer, count, 1))
+    _make_operation(SAVE, writer)(warm_path, _make_subject(SAVE, writer, count, 1))
     if op != SAVE:
-        jax.block_until_ready(operation(warm_path, _subject(op, impl, count, 1)))
+        jax.block_until_ready(operation(warm_path, _make_subject(op, impl, count, 1)))
     os.remove(warm_path)
 
-    subject = _subject(op, impl, count, side)
+    subject = _make_subject(op, impl, count, side)
     # Untimed: the disk starts idle, with no writeback of an earlier cell in flight (a
     # save without fsync otherwise meets the kernel's dirty-page throttling at random).
     os.sync()
     gc.collect()
     gc.disable()
     precise = _reset_peak()
-    baseline = _rss_kb("VmRSS") if precise else _maxrss_kb()
+    baseline = _read_rss_kb("VmRSS") if precise else _read_maxrss_kb()
     start = time.perf_counter()
     out = operation(path, subject)
     if op != SAVE:
         jax.block_until_ready(out)
     seconds = time.perf_counter() - start
-    peak = (_rss_kb("VmHWM") if precise else _maxrss_kb()) or 0
+    peak = (_read_rss_kb("VmHWM") if precise else _read_maxrss_kb()) or 0
     gc.enable()
     if op == SAVE:
         os.remove(path)  # untimed: no dirty pages are left for the next cell
@@ -380,7 +387,8 @@ def _zygote() -> None:
         out.flush()
 
 
-def _reply(request: dict) -> str:
+def _reply(request: dict[str, Any]) -> str:
+    """Runs the requested function of this module; its result or traceback, as JSON."""
     try:
         return json.dumps({"ok": globals()[request["fn"]](*request["args"])})
     except BaseException:
@@ -429,27 +437,31 @@ class _Zygote:
                 self.proc.wait()
 
 
-def _key(cell: tuple[str, str]) -> str:
+def cell_key(cell: tuple[str, str]) -> str:
+    """A cell's key in the results: `"<op>/<implementation>"`."""
     return f"{cell[0]}/{cell[1]}"
 
 
-def _fmt(r: dict[str, float] | None) -> str:
+def _format_ratio(r: Ratio | None) -> str:
+    """A paired ratio with its quartiles, `-` if not measured."""
     if not r or not r.get("n"):
         return "-"
     return f"{r['median']:.2f}x ({r['q1']:.2f}–{r['q3']:.2f})"
 
 
-def _paired(samples: dict[tuple[str, str], list[float]]) -> dict[str, dict]:
+def _pair_speeds(
+    samples: dict[tuple[str, str], list[float]],
+) -> dict[str, dict[str, Ratio]]:
     """Per cell, its speed / each reference's in the same round (the reference's
     seconds / the cell's): median and quartiles over rounds."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Ratio]] = {}
     for cell, refs in REFERENCES.items():
         ratios = {}
         for label, ref in zip(("vs eqx", "vs numpy floor"), refs):
             if ref is not None:
                 pairs = zip(samples[cell], samples[(cell[0], ref)])
                 ratios[label] = summary(theirs / mine for mine, theirs in pairs)
-        out[_key(cell)] = ratios
+        out[cell_key(cell)] = ratios
     return out
 
 
@@ -462,22 +474,71 @@ CPU_ALIASING_NOTE = (
 
 
 def _is_cpu() -> bool:
+    """Whether JAX runs on the CPU backend."""
     import jax
 
     return jax.default_backend() == "cpu"
 
 
-def _targets(
-    paired: dict[str, dict], speeds: dict[str, dict[str, float]]
-) -> list[dict[str, Any]]:
-    """The stated targets: ours / Equinox's speed (paired median) against a minimum."""
-    targets = []
+def _speed_vs_eqx(paired: dict[str, dict[str, Ratio]], cell: tuple[str, str]) -> float:
+    """A cell's speed over Equinox's, paired median."""
+    return paired[cell_key(cell)]["vs eqx"]["median"]
+
+
+def _explain_save(
+    paired: dict[str, dict[str, Ratio]], value: float | None, minimum: float
+) -> str:
+    """Why the durable save may miss its target: what the floors reach."""
+    floor = _speed_vs_eqx(paired, (SAVE, FLOOR_SYNC))
+    stream = _speed_vs_eqx(paired, (SAVE, FLOOR_STREAM))
+    fast = _speed_vs_eqx(paired, (SAVE, AUTO_FAST))
+    return (
+        "ours renames atomically and fsyncs the file and its folder; Equinox's "
+        "save does neither. The same bytes through numpy + fsync reach "
+        f"{floor:.2f}x Equinox's speed, and {stream:.2f}x with each array's "
+        "disk write started as soon as it is written, as ours does"
+        + (
+            ": no durable save measured here reaches the target"
+            if max(stream, floor, value or 0.0) < minimum
+            else ""
+        )
+        + f"; save(..., durable=False) reaches {fast:.2f}x"
+    )
+
+
+def _explain_target(
+    paired: dict[str, dict[str, Ratio]],
+    cell: tuple[str, str],
+    value: float | None,
+    minimum: float,
+) -> str:
+    """What a reader needs beside a checkpoint target's value."""
+    if cell == (SAVE, AUTO):
+        return _explain_save(paired, value, minimum)
+    if cell == (LOAD_DEVICE, AUTO) and _is_cpu():
+        return CPU_ALIASING_NOTE
+    if value is not None and value < minimum:
+        eqx_vs_floor = paired[cell_key((cell[0], EQX))]["vs numpy floor"]["median"]
+        ours_vs_floor = paired[cell_key(cell)]["vs numpy floor"]["median"]
+        return (
+            f"ours {ours_vs_floor:.2f}x and Equinox {eqx_vs_floor:.2f}x the numpy "
+            "floor's speed"
+        )
+    return ""
+
+
+def measure_targets(
+    paired: dict[str, dict[str, Ratio]], speeds: dict[str, Stat]
+) -> list[MeasuredTarget]:
+    """The stated targets with their measured values: ours / Equinox's speed (paired
+    median) against a minimum. Judging them is the report's (`report.targets`)."""
+    targets: list[MeasuredTarget] = []
     for name, cell, minimum in TARGETS:
         eqx_cell, floor_cell = REFERENCES[cell]
-        r = paired[_key(cell)]["vs eqx"]
+        r = paired[cell_key(cell)]["vs eqx"]
         value = r["median"] if r.get("n") else None
         mb_s = {
-            label: speeds[_key((cell[0], str(c)))]["median"]
+            label: speeds[cell_key((cell[0], str(c)))]["median"]
             for label, c in (
                 ("autostatic", cell[1]),
                 ("eqx", eqx_cell),
@@ -485,36 +546,10 @@ def _targets(
             )
         }
         detail = (
-            f"{_fmt(r)}; autostatic {mb_s['autostatic']:.0f} MB/s, eqx "
+            f"{_format_ratio(r)}; autostatic {mb_s['autostatic']:.0f} MB/s, eqx "
             f"{mb_s['eqx']:.0f} MB/s, numpy floor{' + fsync' if floor_cell == FLOOR_SYNC else ''} "
             f"{mb_s['numpy']:.0f} MB/s"
         )
-        note = ""
-        if cell == (SAVE, AUTO):
-            floor = paired[_key((SAVE, FLOOR_SYNC))]["vs eqx"]["median"]
-            stream = paired[_key((SAVE, FLOOR_STREAM))]["vs eqx"]["median"]
-            fast = paired[_key((SAVE, AUTO_FAST))]["vs eqx"]["median"]
-            note = (
-                "ours renames atomically and fsyncs the file and its folder; Equinox's "
-                "save does neither. The same bytes through numpy + fsync reach "
-                f"{floor:.2f}x Equinox's speed, and {stream:.2f}x with each array's "
-                "disk write started as soon as it is written, as ours does"
-                + (
-                    ": no durable save measured here reaches the target"
-                    if max(stream, floor, value or 0.0) < minimum
-                    else ""
-                )
-                + f"; save(..., durable=False) reaches {fast:.2f}x"
-            )
-        elif cell == (LOAD_DEVICE, AUTO) and _is_cpu():
-            note = CPU_ALIASING_NOTE
-        elif value is not None and value < minimum:
-            eqx_vs_floor = paired[_key((cell[0], EQX))]["vs numpy floor"]["median"]
-            ours_vs_floor = paired[_key(cell)]["vs numpy floor"]["median"]
-            note = (
-                f"ours {ours_vs_floor:.2f}x and Equinox {eqx_vs_floor:.2f}x the numpy "
-                "floor's speed"
-            )
         targets.append(
             {
                 "target": f"checkpoint {name} >= {minimum:.1f}x Equinox's speed",
@@ -522,21 +557,44 @@ def _targets(
                 "op": ">=",
                 "threshold": minimum,
                 "detail": detail,
-                "note": note,
+                "note": _explain_target(paired, cell, value, minimum),
             }
         )
     return targets
 
 
-def _table(
+def _format_value(t: MeasuredTarget) -> str:
+    """A target's value in the table, with its status in lower case."""
+    if t["value"] is None:
+        return "n/a"
+    return f"{t['value']:.2f}x {judge(t['value'], t['op'], t['threshold']).lower()}"
+
+
+TABLE_NOTE = (
+    "`autostatic`: `save(path, model)` (temporary file, fsync, rename, fsync of the "
+    "folder) and `load(path, template, host=...)`; `durable=False`: no fsync. `eqx`: "
+    "`eqx.tree_serialise_leaves` (no fsync) and `eqx.tree_deserialise_leaves`. The "
+    "numpy floor is the same bytes as one raw file: save "
+    "`np.asarray(leaf).tofile(f)` per array (+ `f.flush()` and `os.fsync`: "
+    "`numpy + fsync`; with each array's disk write started by `sync_file_range` "
+    "as soon as it is written: `numpy + writeback + fsync`); load "
+    "`np.empty(shape, dtype)` and `f.readinto(array)` per "
+    "array from an unbuffered file (+ `jax.device_put` of each for load_device). "
+    "Durable saves are compared with the floor that fsyncs, the others with the "
+    "one that does not."
+)
+
+
+def format_table(
     size_mb: float,
     count: int,
     rounds: int,
-    speeds: dict[str, dict[str, float]],
+    speeds: dict[str, Stat],
     peaks: dict[str, float],
-    paired: dict[str, dict],
-    targets: list[dict[str, Any]],
+    paired: dict[str, dict[str, Ratio]],
+    targets: list[MeasuredTarget],
 ) -> str:
+    """The markdown the report shows: every cell, then every target."""
     lines = [
         f"Model: {size_mb:.0f} MB of float32 arrays ({count} x {size_mb / count:.0f} "
         f"MB); {rounds} rounds, every cell once per round in a shuffled order, each "
@@ -548,45 +606,26 @@ def _table(
         "|---|---|---:|---:|---:|---:|",
     ]
     for cell in CELLS:
-        s, r = speeds[_key(cell)], paired[_key(cell)]
+        s, r = speeds[cell_key(cell)], paired[cell_key(cell)]
         lines.append(
             f"| {cell[0]} | {cell[1]} | {s['median']:.0f} ({s['q1']:.0f}–{s['q3']:.0f})"
-            f" | {peaks[_key(cell)]:.1f} | {_fmt(r.get('vs eqx'))} | "
-            f"{_fmt(r.get('vs numpy floor'))} |"
+            f" | {peaks[cell_key(cell)]:.1f} | {_format_ratio(r.get('vs eqx'))} | "
+            f"{_format_ratio(r.get('vs numpy floor'))} |"
         )
-    lines += [
-        "",
-        "`autostatic`: `save(path, model)` (temporary file, fsync, rename, fsync of the "
-        "folder) and `load(path, template, host=...)`; `durable=False`: no fsync. `eqx`: "
-        "`eqx.tree_serialise_leaves` (no fsync) and `eqx.tree_deserialise_leaves`. The "
-        "numpy floor is the same bytes as one raw file: save "
-        "`np.asarray(leaf).tofile(f)` per array (+ `f.flush()` and `os.fsync`: "
-        "`numpy + fsync`; with each array's disk write started by `sync_file_range` "
-        "as soon as it is written: `numpy + writeback + fsync`); load "
-        "`np.empty(shape, dtype)` and `f.readinto(array)` per "
-        "array from an unbuffered file (+ `jax.device_put` of each for load_device). "
-        "Durable saves are compared with the floor that fsyncs, the others with the "
-        "one that does not.",
-        "",
-        "| target | value | detail |",
-        "|---|---:|---|",
-    ]
+    lines += ["", TABLE_NOTE, "", "| target | value | detail |", "|---|---:|---|"]
     for t in targets:
-        value = "n/a" if t["value"] is None else f"{t['value']:.2f}x"
-        if t["value"] is not None:
-            value += " met" if t["value"] >= t["threshold"] else " missed"
         note = f" ({t['note']})" if t["note"] else ""
-        lines.append(f"| {t['target']} | {value} | {t['detail']}{note} |")
+        lines.append(f"| {t['target']} | {_format_value(t)} | {t['detail']}{note} |")
     return "\n".join(lines)
 
 
-def run(quick: bool) -> dict:
-    """Measures every cell in interleaved rounds; returns per-cell speeds, peaks and
-    paired ratios, `ratios` (ours / Equinox's speed, paired medians), the `targets`
-    and a markdown `table`."""
-    count, side = _sizes(quick)
-    size_mb = count * side * side * 4 / 2**20
-    rounds = _rounds(quick)
+def _measure_rounds(
+    count: int, side: int, rounds: int
+) -> tuple[
+    dict[tuple[str, str], list[float]], dict[tuple[str, str], list[float]], set[str]
+]:
+    """Seconds and peak memory of every cell over `rounds` shuffled rounds, each
+    measurement in a fresh process; and how the peaks were read."""
     folder = tempfile.mkdtemp(prefix="autostatic-bench-")
     zygote = _Zygote()
     samples: dict[tuple[str, str], list[float]] = {cell: [] for cell in CELLS}
@@ -606,42 +645,58 @@ def run(quick: bool) -> dict:
     finally:
         zygote.close()
         shutil.rmtree(folder, ignore_errors=True)
+    return samples, peak_samples, methods
 
-    speeds = {_key(c): summary(size_mb / t for t in samples[c]) for c in CELLS}
-    peaks = {_key(c): statistics.median(peak_samples[c]) for c in CELLS}
-    paired = _paired(samples)
+
+def _compare_with_eqx(
+    paired: dict[str, dict[str, Ratio]], peaks: dict[str, float]
+) -> CheckpointRatios:
+    """Ours / Equinox's speed (paired medians) and peak memory."""
 
     def peak_ratio(cell: tuple[str, str]) -> float | None:
-        theirs = peaks[_key((cell[0], EQX))]
+        theirs = peaks[cell_key((cell[0], EQX))]
         # Below 1 MB, a ratio of noise-sized numbers means nothing.
-        return peaks[_key(cell)] / theirs if theirs > 1.0 else None
+        return peaks[cell_key(cell)] / theirs if theirs > 1.0 else None
 
-    ratios: dict[str, float | None] = {
-        "save_speed": paired[_key((SAVE, AUTO))]["vs eqx"]["median"],
-        "save_not_durable_speed": paired[_key((SAVE, AUTO_FAST))]["vs eqx"]["median"],
-        "load_host_speed": paired[_key((LOAD_HOST, AUTO))]["vs eqx"]["median"],
-        "load_device_speed": paired[_key((LOAD_DEVICE, AUTO))]["vs eqx"]["median"],
+    return {
+        "save_speed": _speed_vs_eqx(paired, (SAVE, AUTO)),
+        "save_not_durable_speed": _speed_vs_eqx(paired, (SAVE, AUTO_FAST)),
+        "load_host_speed": _speed_vs_eqx(paired, (LOAD_HOST, AUTO)),
+        "load_device_speed": _speed_vs_eqx(paired, (LOAD_DEVICE, AUTO)),
         "save_peak_rss": peak_ratio((SAVE, AUTO)),
         "load_host_peak_rss": peak_ratio((LOAD_HOST, AUTO)),
         "load_device_peak_rss": peak_ratio((LOAD_DEVICE, AUTO)),
     }
-    targets = _targets(paired, speeds)
+
+
+def run(quick: bool) -> Checkpoint:
+    """Measures every cell in interleaved rounds; returns per-cell speeds, peaks and
+    paired ratios, `ratios` (ours / Equinox's), the `targets` with their measured
+    values and a markdown `table`."""
+    count, side = model_size(quick)
+    size_mb = count * side * side * 4 / 2**20
+    samples, peak_samples, methods = _measure_rounds(count, side, ROUNDS)
+    speeds = {cell_key(c): summary(size_mb / t for t in samples[c]) for c in CELLS}
+    peaks = {cell_key(c): statistics.median(peak_samples[c]) for c in CELLS}
+    paired = _pair_speeds(samples)
+    targets = measure_targets(paired, speeds)
     return {
         "size_mb": size_mb,
         "quick": quick,
-        "rounds": rounds,
-        "seconds": {_key(c): samples[c] for c in CELLS},
+        "rounds": ROUNDS,
+        "seconds": {cell_key(c): samples[c] for c in CELLS},
         "mb_per_s": speeds,
         "peak_rss_mb": peaks,
         "peak_method": sorted(methods),
         "paired": paired,
-        "ratios": ratios,
+        "ratios": _compare_with_eqx(paired, peaks),
         "targets": targets,
-        "table": _table(size_mb, count, rounds, speeds, peaks, paired, targets),
+        "table": format_table(size_mb, count, ROUNDS, speeds, peaks, paired, targets),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.serialisation [--quick] [--json]`: prints the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64 MB instead of 1 GB")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

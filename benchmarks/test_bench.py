@@ -26,6 +26,7 @@ DISPATCH_VARIANTS = [v for v in M.VARIANTS if v != ("eqx-filter", M.JAX_JIT)]
 
 @pytest.fixture(scope="module")
 def built() -> dict[str, M.Built]:
+    """The 256-layer MLP in every implementation (or why it could not be built)."""
     arrays = M.mlp_arrays(N)
     out = {}
     for impl in M.IMPLS:
@@ -37,6 +38,7 @@ def built() -> dict[str, M.Built]:
 
 
 def _get(built: dict[str, Any], impl: str) -> M.Built:
+    """An implementation's model, or a skip where it could not be built."""
     b = built[impl]
     if isinstance(b, Exception):
         pytest.skip(f"{impl} unavailable: {type(b).__name__}: {b}")
@@ -45,6 +47,7 @@ def _get(built: dict[str, Any], impl: str) -> M.Built:
 
 @pytest.mark.parametrize("impl", M.IMPLS)
 def test_tree_flatten(benchmark: Any, built: dict[str, Any], impl: str) -> None:
+    """`tree_flatten` of the MLP."""
     benchmark.group = f"tree_flatten, {N}-layer MLP"
     b = _get(built, impl)
     leaves, _ = benchmark(jtu.tree_flatten, b.tree)
@@ -53,6 +56,7 @@ def test_tree_flatten(benchmark: Any, built: dict[str, Any], impl: str) -> None:
 
 @pytest.mark.parametrize("impl", M.IMPLS)
 def test_tree_unflatten(benchmark: Any, built: dict[str, Any], impl: str) -> None:
+    """`tree_unflatten` of the MLP's leaves."""
     benchmark.group = f"tree_unflatten, {N}-layer MLP"
     b = _get(built, impl)
     leaves, treedef = jtu.tree_flatten(b.tree)

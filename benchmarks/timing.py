@@ -4,7 +4,7 @@ Method (the same as the independent anchor harness, so numbers are comparable):
 
 - every cell (one operation of one implementation) is timed in timeit-style batches: a
   tight `for _ in itertools.repeat(None, n)` loop whose length `n` is calibrated so one
-  batch takes about `target_batch_s`; the sample is the batch's mean time per operation;
+  batch takes about `batch_s`; the sample is the batch's mean time per operation;
 - the garbage collector is off while timing (it is run between rounds instead), so a
   collection triggered by one cell's garbage is not charged to another cell; the heap
   that exists before timing starts is frozen (`gc.freeze`), so those collections only
@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+
+from .schema import Ratio, Stat
 
 Samples = dict[str, list[float]]
 
@@ -61,24 +63,22 @@ def _batch(fn: Callable[[], Any], n: int) -> float:
     return (clock() - start) / n
 
 
-def calibrate(
-    fn: Callable[[], Any], target_batch_s: float, max_loops: int = 100_000
-) -> int:
-    """The number of calls that makes one batch last about `target_batch_s`."""
+def calibrate(fn: Callable[[], Any], batch_s: float, max_loops: int = 100_000) -> int:
+    """The number of calls that makes one batch last about `batch_s`."""
     fn()  # warm up (first-call caches, lazy attributes)
     n = 1
     while True:
         per_call = _batch(fn, n)
-        if per_call * n >= target_batch_s / 4 or n >= max_loops:
+        if per_call * n >= batch_s / 4 or n >= max_loops:
             break
         n = min(max_loops, n * 10)
-    return max(1, min(max_loops, round(target_batch_s / max(per_call, 1e-9))))
+    return max(1, min(max_loops, round(batch_s / max(per_call, 1e-9))))
 
 
 def run_interleaved(
     cells: Mapping[str, Callable[[], Any]],
     rounds: int,
-    target_batch_s: float = 2e-3,
+    batch_s: float = 2e-3,
     *,
     loops: Mapping[str, int] | None = None,
     seed: int = 0,
@@ -95,7 +95,7 @@ def run_interleaved(
     loops = dict(loops or {})
     for key, fn in cells.items():
         if key not in loops:
-            loops[key] = calibrate(fn, target_batch_s)
+            loops[key] = calibrate(fn, batch_s)
         else:
             fn()  # warm up
     rng = random.Random(seed)
@@ -127,7 +127,7 @@ def run_interleaved(
     return samples
 
 
-def summary(values: Iterable[float]) -> dict[str, float]:
+def summary(values: Iterable[float]) -> Stat:
     """Median and quartiles (inclusive method; a single value is its own IQR)."""
     data = sorted(values)
     if not data:
@@ -139,7 +139,19 @@ def summary(values: Iterable[float]) -> dict[str, float]:
     return {"median": statistics.median(data), "q1": q1, "q3": q3, "n": len(data)}
 
 
-def paired_ratio(values: list[float], reference: list[float]) -> dict[str, float]:
+def scaled_summary(values: Iterable[float], factor: float) -> Stat:
+    """`summary` with the median and quartiles multiplied by `factor` (seconds to
+    µs or ms), the count unchanged."""
+    s = summary(values)
+    return {
+        "median": s["median"] * factor,
+        "q1": s["q1"] * factor,
+        "q3": s["q3"] * factor,
+        "n": s["n"],
+    }
+
+
+def paired_ratio(values: list[float], reference: list[float]) -> Ratio:
     """Median (IQR) of the per-round ratios `values[r] / reference[r]`."""
     ratios = [v / ref for v, ref in zip(values, reference) if ref > 0]
     return summary(ratios)
