@@ -14,10 +14,13 @@ Everything touched here is private to Equinox, so a version whose internals diff
 fails loudly at import instead of misbehaving later.
 """
 
+import contextlib
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import equinox as eqx
@@ -52,6 +55,31 @@ def _unwrap(function: Any) -> Any:
         return function
 
 
+def _other_readers_of_dataclass_init() -> list[str]:
+    """The functions and methods of `equinox._module._module`, besides
+    `_ModuleMeta.__new__` and `__call__`, that read `_has_dataclass_init` (none in
+    the verified versions)."""
+    meta = getattr(_eqx_module, "_ModuleMeta", type)
+    known = (_unwrap(vars(meta).get("__new__")), _unwrap(vars(meta).get("__call__")))
+    classes = [
+        v
+        for v in vars(_eqx_module).values()
+        if isinstance(v, type) and v.__module__ == _eqx_module.__name__
+    ]
+    readers = []
+    for holder in (vars(_eqx_module), *map(vars, classes)):
+        for name, value in holder.items():
+            function = _unwrap(value)
+            code = getattr(function, "__code__", None)
+            if (
+                code is not None
+                and "_has_dataclass_init" in code.co_names
+                and not any(function is k for k in known)
+            ):
+                readers.append(name)
+    return readers
+
+
 def _check_equinox() -> None:
     version = _version_tuple(eqx.__version__)
     lower, upper = SUPPORTED_EQUINOX
@@ -63,6 +91,7 @@ def _check_equinox() -> None:
         "_currently_initialising",
         "MSG_METHOD_IN_INIT",
         "_has_dataclass_init",
+        "_warn_jax_transformed_function",
         "_ModuleMeta",
         "WRAPPER_FIELD_NAMES",
     ):
@@ -75,6 +104,16 @@ def _check_equinox() -> None:
     call_consts = getattr(getattr(meta_call, "__code__", None), "co_consts", ())
     if _UNSET_FIELD_MESSAGE_END not in call_consts:
         problems.append("_ModuleMeta.__call__ no longer reports unset fields as before")
+    call_names = getattr(getattr(meta_call, "__code__", None), "co_names", ())
+    # `skip_argument_walk` relies on the entry guarding the walk and nothing else.
+    if (
+        not {"_has_dataclass_init", "_warn_jax_transformed_function"} <= set(call_names)
+        or _other_readers_of_dataclass_init()
+    ):
+        problems.append(
+            "_has_dataclass_init is no longer read by _ModuleMeta.__call__ for its "
+            "argument walk alone"
+        )
     meta_new = _unwrap(
         getattr(getattr(_eqx_module, "_ModuleMeta", None), "__new__", None)
     )
@@ -133,9 +172,51 @@ ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
 
 
+# The true `_has_dataclass_init` of the classes whose entry `skip_argument_walk` set
+# to False.
+_dataclass_init: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+_class_creation = threading.RLock()
+
+
 def has_dataclass_init(cls: type) -> bool:
     """Whether `cls` has a generated `__init__`, whose arguments Equinox flattens."""
-    return _eqx_module._has_dataclass_init[cls]
+    try:
+        return _dataclass_init[cls]
+    except KeyError:
+        return _eqx_module._has_dataclass_init[cls]
+
+
+def skip_argument_walk(cls: type) -> None:
+    """Stops Equinox's `_ModuleMeta.__call__` from flattening the arguments of
+    `cls`'s generated `__init__` (every layer passed, through Equinox's slow flatten)
+    only to warn of a JAX-transformed callable among the leaves: AutoModule's decision
+    visits every leaf anyway and warns there (`warn_if_transformed`). Equinox reads
+    the entry for nothing else but the subclasses of `cls`, made by
+    `creating_subclass`."""
+    with _class_creation:
+        _dataclass_init[cls] = _eqx_module._has_dataclass_init[cls]
+        _eqx_module._has_dataclass_init[cls] = False
+
+
+@contextlib.contextmanager
+def creating_subclass(bases: tuple[type, ...]) -> Iterator[None]:
+    """The true entries of `bases` while Equinox makes a subclass of them, which
+    inherits a generated `__init__` from them."""
+    with _class_creation:
+        marked = [b for b in bases for b in b.__mro__ if b in _dataclass_init]
+        for base in marked:
+            _eqx_module._has_dataclass_init[base] = _dataclass_init[base]
+        try:
+            yield
+        finally:
+            for base in marked:
+                _eqx_module._has_dataclass_init[base] = False
+
+
+def warn_if_transformed(cls: type, value: Any) -> None:
+    """Equinox's warning for a JAX-transformed callable (`jax.jit(layer)`) stored in
+    a module, where its arrays are baked in as constants."""
+    _eqx_module._warn_jax_transformed_function(cls, value)  # pyright: ignore[reportPrivateUsage]  # verified at import
 
 
 def has_unread_closure(value: Any) -> bool:

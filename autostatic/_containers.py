@@ -11,7 +11,7 @@ afresh when one has changed. Eager code and `jax.jit` then see the same values.
 
 import operator
 from collections import defaultdict, OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
 import jax.tree_util as jtu
@@ -203,7 +203,7 @@ class Watch:
 
     __slots__ = ("values", "containers")
 
-    def __init__(self, values: tuple[Any, ...], met: list[Any]):
+    def __init__(self, values: tuple[Any, ...], met: "Sequence[Any]"):
         self.values = values
         # (container, how it is recorded, the record): compared by the node's
         # flatten as `snapshot(container) != record`.

@@ -26,6 +26,7 @@ they sit.
 import contextlib
 import copy
 import dataclasses
+import operator
 import struct
 import threading
 import types
@@ -63,7 +64,10 @@ class FieldSpec(NamedTuple):
     # Per tuple of field value types that are all plain (numbers, strings, jax
     # arrays): the typed layout and the field positions of the children and of the
     # static values, so such an instance is decided without a loop (`_partition`).
-    plain_splits: "dict[tuple[type, ...], PlainSplit]"
+    plain_splits: "dict[tuple[type, ...], PlainSplit | None]"  # None: not plain
+    # The field values of an instance's `__dict__`, in field order, as one tuple
+    # (`KeyError` if one is unset).
+    read: Callable[[dict[str, Any]], tuple[Any, ...]]
 
 
 def check_reserved_names(class_name: str, namespace: dict[str, Any]) -> None:
@@ -92,6 +96,20 @@ def has_partition(x: Any) -> bool:
     return hasattr(type(x), _SPEC)
 
 
+def is_partitioned_class(cls: type) -> bool:
+    """The class of AutoModules or of twins: nodes whose partition is ours."""
+    return hasattr(cls, _SPEC)
+
+
+def _field_reader(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple]:
+    if len(names) >= 2:
+        return operator.itemgetter(*names)  # one C call; a tuple for two or more
+    if names:
+        (name,) = names
+        return lambda attrs: (attrs[name],)
+    return lambda attrs: ()
+
+
 def prepare_class(cls: type, *, twin: bool = False) -> None:
     """Records the fields of a new AutoModule class and moves its dataclass defaults
     off the class: a lazily unflattened instance fills its attributes in through
@@ -107,6 +125,7 @@ def prepare_class(cls: type, *, twin: bool = False) -> None:
         },
         twin=twin,
         plain_splits={},
+        read=_field_reader(tuple(f.name for f in fields)),
     )
     setattr(cls, _SPEC, spec)
 
@@ -189,10 +208,40 @@ class Layout:
 
 class PlainSplit(NamedTuple):
     layout: "Layout"  # typed
-    children: tuple[int, ...]  # field positions
-    static: tuple[int, ...]
     # Static float or complex fields: a zero or NaN there is held as `ExactFloat`.
     inexact: tuple[int, ...]
+    # Whether a child is a layer to twin, which a provisional partition (made while
+    # `__init__` runs) does not do.
+    twins: bool
+    # `(children, aux, watch)` from the field values and a watch, in one call.
+    flat: "Callable[[tuple[Any, ...], Watch | None], Flat]"
+
+
+def plain_split(layout: "Layout", to_twin: Callable[[Any], Any]) -> PlainSplit:
+    """The split of the instances whose field types make `layout` (typed; CHILD,
+    TWINNED and STATIC fields only), with a generated function that picks the
+    children (twinning the layers of TWINNED fields) and aux entries out of the
+    field values: most `eqx.nn` layers, and modules holding them, are decided by it."""
+    kinds = layout.kinds
+    picked_children = "".join(
+        f"twin(values[{i}]), " if kind == TWINNED else f"values[{i}], "
+        for i, kind in enumerate(kinds)
+        if kind != STATIC
+    )
+    static = [i for i, kind in enumerate(kinds) if kind == STATIC]
+    picked_static = "".join(f"values[{i}], " for i in static)
+    source = (
+        "def flat(values, watch):\n"
+        f"    return ({picked_children}), new(Aux, (layout, {picked_static})), watch\n"
+    )
+    namespace = {"new": tuple.__new__, "Aux": Aux, "layout": layout, "twin": to_twin}
+    exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
+    inexact = tuple(
+        i
+        for i, kind in zip(static, layout.static_types or ())
+        if kind is float or kind is complex
+    )
+    return PlainSplit(layout, inexact, TWINNED in kinds, namespace["flat"])
 
 
 _layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (

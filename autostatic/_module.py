@@ -11,11 +11,13 @@ from typing_extensions import dataclass_transform
 from . import _layout, _partition
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._compat import (
+    creating_subclass,
     currently_initialising,
     has_dataclass_init,
     install_flatten_generator,
     METHOD_IN_INIT_MESSAGE,
     ModuleMeta,
+    skip_argument_walk,
     unset_field,
     WRAPPER_FIELD_NAMES,
 )
@@ -37,7 +39,9 @@ class _AutoModuleMeta(ModuleMeta):
         **kwargs: Any,
     ) -> "_AutoModuleMeta":
         _layout.check_reserved_names(name, namespace)
-        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        with creating_subclass(bases):
+            cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        skip_argument_walk(cls)
         _layout.prepare_class(cls)
         fields = set(_layout.fields_of(cls).names)
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract

@@ -20,6 +20,7 @@ used by model surgery and diagnostics (`expose`, `decide_again`).
 import functools
 import threading
 from collections.abc import Callable, Iterator
+from types import NoneType
 from typing import Any, Final
 
 import equinox as eqx
@@ -29,21 +30,24 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
-from ._compat import install_flatten_generator
+from ._compat import install_flatten_generator, warn_if_transformed
 from ._containers import SCALAR_TYPES, walk, Watch
 from ._layout import (
     Aux,
     CHILD,
     fields_of,
+    FieldSpec,
     Flat,
     flatten_functions as layout_flatten_functions,
     has_partition,
     has_stored_partition,
     HOLED,
+    is_partitioned_class,
     layout_for,
     make_aux,
     materialise,
     needs_exact_float,
+    plain_split,
     PlainSplit,
     punch,
     real_layer,
@@ -131,38 +135,57 @@ def _leaf_paths(value: Any) -> list[str]:
 _plain_array_types: set[type] = set()
 
 
-def _plain_kind(value: Any, forced_static: bool, array_field: bool) -> int | None:
-    """STATIC or CHILD for a value that needs neither a walk nor checks, else None."""
-    kind = type(value)
+def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None:
+    """STATIC, CHILD or TWINNED for the values of type `kind` that need neither a
+    walk nor checks (but see `_plain_kind` for floats), else None."""
     if kind in SCALAR_TYPES:
         if array_field and kind in NUMBER_TYPES and not forced_static:
             return CHILD  # initial loop state: `num_steps: IntScalarLike = 0`
-        if (kind is float or kind is complex) and needs_exact_float(value):
-            return None  # held as an `ExactFloat`
         return STATIC  # the sizes and flags of every layer
-    if kind in _plain_array_types and not forced_static:
-        return CHILD
+    if forced_static:
+        return None
+    if kind in _plain_array_types or kind is NoneType:
+        return CHILD  # None: an empty child, as in an eqx.Module (`bias=None`)
+    if _twin_class_of(kind) is not None:
+        return TWINNED  # a layer held alone: its twin decides its own leaves
     return None
 
 
-# Per type met in a field's containers: whether its instances become twins (most are
-# arrays, numbers and functions: one dict lookup each).
-_twinned_types: dict[type, bool] = {}
+def _plain_kind(value: Any, forced_static: bool, array_field: bool) -> int | None:
+    """STATIC or CHILD for a value that needs neither a walk nor checks, else None."""
+    kind = _type_kind(type(value), forced_static, array_field)
+    if kind == STATIC and type(value) in (float, complex) and needs_exact_float(value):
+        return None  # held as an `ExactFloat`
+    return kind
+
+
+# Per type met in a field's containers: its twin class, or None if its instances are
+# kept as they are (most are arrays, numbers and functions: one dict lookup each).
+_twin_classes: dict[type, type | None] = {}
+
+
+def _twin_class_of(cls: type) -> type | None:
+    try:
+        return _twin_classes[cls]
+    except KeyError:
+        twin = twin_class(cls) if is_twinned_class(cls) else None
+        return _twin_classes.setdefault(cls, twin)
 
 
 def _to_twin(item: Any) -> Any:
-    cls = type(item)
-    twinned = _twinned_types.get(cls)
-    if twinned is None:
-        twinned = _twinned_types[cls] = is_twinned_class(cls)
-    if not twinned:
+    try:
+        twin_cls = _twin_classes[type(item)]
+    except KeyError:
+        twin_cls = _twin_class_of(type(item))
+    if twin_cls is None:
         return item
-    twin = _object_new(twin_class(cls))
+    twin = _object_new(twin_cls)
     _object_getattribute(twin, "__dict__").update(
         _object_getattribute(item, "__dict__")
     )
     set_layer(twin, item)
-    freeze_partition(twin)
+    flat = _plain_split(twin, True)  # most layers: no walk, nothing to check
+    set_partition(twin, compute_partition(twin, final=True) if flat is None else flat)
     return twin
 
 
@@ -173,17 +196,26 @@ def twinned(value: Any) -> Any:
 
 
 def _check_leaves(
-    where: str, flattened: Any, leaves: list[Any], flags: list[bool], warn: bool
+    owner: type,
+    where: str,
+    flattened: Any,
+    leaves: list[Any],
+    flags: list[bool],
+    warn: bool,
 ) -> None:
     """Refuses object arrays; warns of static leaves that hide arrays or cannot be
-    compared. `leaves` are those of `flattened` (twins in place of layers, whose
-    leaves differ from the layers'), which names their paths."""
+    compared, and (as Equinox does for the arguments of a generated `__init__`) of
+    JAX-transformed callables nested in a field. `leaves` are those of `flattened`
+    (twins in place of layers, whose leaves differ from the layers'), which names
+    their paths."""
     paths = None
     for i, (leaf, flag) in enumerate(zip(leaves, flags)):
         if type(leaf) in SCALAR_TYPES:
             continue
         if flag:
             continue
+        if warn and leaf is not flattened:  # Equinox's __setattr__ saw the value
+            warn_if_transformed(owner, leaf)
         if type(leaf) is np.ndarray:  # of objects, text, bytes, dates or records
             path = _leaf_paths(flattened)[i]
             raise TypeError(
@@ -201,6 +233,7 @@ def _check_leaves(
 
 
 def _split_field(
+    owner: type,
     where: str,
     value: Any,
     forced_static: bool,
@@ -214,6 +247,8 @@ def _split_field(
     array_field = array_field and not forced_static
     carried = walk(value, (where,), _to_twin if final else None, met)
     twinned = carried is not value
+    if not forced_static and _all_decided(carried):
+        return (TWINNED if twinned else CHILD), carried
     if _is_dynamic(carried, array_field):
         if _is_array(carried) and type(carried) is not np.ndarray:
             _plain_array_types.add(type(carried))
@@ -228,7 +263,7 @@ def _split_field(
         ):  # a module, or a nest that may hold one (a flat list or tuple holds none)
             flags = _decided_by_modules(carried, flags)
     n_dynamic = sum(flags)
-    _check_leaves(where, carried, leaves, flags, final)
+    _check_leaves(owner, where, carried, leaves, flags, final)
     if forced_static and n_dynamic:
         raise TypeError(
             f"{where} is marked eqx.field(static=True) but holds "
@@ -244,6 +279,38 @@ def _split_field(
             return STATIC, snapshot_leaf(value)
         return STATIC, static_tree(value, treedef, leaves, twinned)
     return HOLED, punch(treedef, leaves, flags, twinned)
+
+
+# Exact types whose instances flatten to dynamic leaves only: arrays of the types in
+# `_plain_array_types` and twins; and AutoModule classes, whose instances do so once
+# constructed (a module still being decided may hold itself).
+_decided_types: set[type] = set()
+_module_types: set[type] = set()
+
+
+def _all_decided(value: Any) -> bool:
+    """Whether `value` is an array or decided node, or a flat list or tuple of them
+    (a list of layers, most often): every leaf is dynamic, no flatten needed to tell."""
+    kind = type(value)
+    if kind in _decided_types:
+        return True
+    items = value if kind is list or kind is tuple else (value,)
+    kinds = set(map(type, items))
+    for kind in kinds - _decided_types - _module_types:
+        if kind in _plain_array_types or is_twin_class(kind):
+            _decided_types.add(kind)
+        elif is_partitioned_class(kind):
+            _module_types.add(kind)
+        else:
+            return False
+    if kinds.isdisjoint(_module_types):
+        return True
+    deciding = getattr(_deciding, "ids", None) or ()
+    return all(
+        has_stored_partition(x) and id(x) not in deciding
+        for x in items
+        if type(x) in _module_types
+    )
 
 
 def _decided_by_modules(value: Any, flags: list[bool]) -> list[bool]:
@@ -273,7 +340,7 @@ def compute_partition(obj: Any, *, final: bool) -> Flat:
     (with a warning for hidden arrays); otherwise the partition is only provisional,
     for a flatten from inside `__init__` or `__check_init__`.
     """
-    plain = _plain_split(obj)
+    plain = _plain_split(obj, final)
     if plain is not None:
         return plain  # nothing to walk, nothing to check
     deciding: set[int] = getattr(_deciding, "ids", None) or set()
@@ -289,40 +356,43 @@ def compute_partition(obj: Any, *, final: bool) -> Flat:
         deciding.discard(id(obj))
 
 
-def _plain_split(obj: Any) -> Flat | None:
+def _plain_split(obj: Any, final: bool) -> Flat | None:
     """The partition of an instance whose fields all hold plain values (numbers,
-    strings, jax arrays: most `eqx.nn` layers), from the split cached per types
-    tuple; None if a field holds anything else or is unset."""
-    cls = type(obj)
-    spec = fields_of(cls)
-    attrs = _object_getattribute(obj, "__dict__")
+    strings, jax arrays, lone `eqx.nn` layers: most layers and blocks), from the
+    split cached per types tuple; None if a field holds anything else or is unset,
+    or if a layer would be twinned in a provisional partition (`compute_partition`)."""
+    spec = fields_of(type(obj))
     try:
-        values = [attrs[name] for name in spec.names]
+        values = spec.read(_object_getattribute(obj, "__dict__"))
     except KeyError:
         return None
     types = tuple(map(type, values))
-    split = spec.plain_splits.get(types)
-    if split is None:
-        kinds = tuple(map(_plain_kind, values, spec.declared_static, array_fields(cls)))
-        if None in kinds:
-            return None
-        layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
-        children = tuple(i for i, k in enumerate(kinds) if k == CHILD)
-        static = tuple(i for i, k in enumerate(kinds) if k != CHILD)
-        typed = layout.with_types(tuple(types[i] for i in static))
-        inexact = tuple(i for i in static if types[i] is float or types[i] is complex)
-        split = spec.plain_splits.setdefault(
-            types, PlainSplit(typed, children, static, inexact)
-        )
+    try:
+        split = spec.plain_splits[types]
+    except KeyError:
+        split = _new_plain_split(type(obj), spec, values, types)
+    if split is None or (split.twins and not final):
+        return None
     for i in split.inexact:
         if needs_exact_float(values[i]):
             return None  # decided field by field, so that it is held exactly
-    watch = None if spec.twin else Watch(tuple(values), [])
-    return (
-        tuple([values[i] for i in split.children]),
-        Aux((split.layout, *[values[i] for i in split.static])),
-        watch,
-    )
+    return split.flat(values, None if spec.twin else Watch(values, ()))
+
+
+def _new_plain_split(
+    cls: type, spec: FieldSpec, values: tuple[Any, ...], types: tuple[type, ...]
+) -> PlainSplit | None:
+    """The split of these field types, or None if one of them is not plain; cached
+    either way, as it follows from the types alone."""
+    for value in values:  # an array type not met before is plain from now on
+        if type(value) is not np.ndarray and _is_array(value):
+            _plain_array_types.add(type(value))
+    kinds = tuple(map(_type_kind, types, spec.declared_static, array_fields(cls)))
+    if None in kinds:
+        return spec.plain_splits.setdefault(types, None)
+    layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
+    typed = layout.with_types(tuple(t for t, k in zip(types, kinds) if k == STATIC))
+    return spec.plain_splits.setdefault(types, plain_split(typed, _to_twin))
 
 
 def _decide(obj: Any, final: bool) -> Flat:
@@ -348,13 +418,13 @@ def _decide(obj: Any, final: bool) -> Flat:
                 attrs[name] = value  # so that flatten finds every field in place
         values.append(value)
         plain = _plain_kind(value, forced_static, array_field)
-        if plain is not None:
+        if plain in (CHILD, STATIC):  # a layer is twinned by `_split_field`
             (children if plain == CHILD else entries).append(value)
             kinds.append(plain)
             continue
         try:
             kind, part = _split_field(
-                f"{qualname}.{name}", value, forced_static, array_field, final, met
+                cls, f"{qualname}.{name}", value, forced_static, array_field, final, met
             )
         except _ContainsItself:
             raise TypeError(

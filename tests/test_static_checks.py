@@ -264,3 +264,33 @@ def test_a_tracer_closed_over_inside_a_trace_is_not_reported():
         return holder.thing(2.0)
 
     assert step(jnp.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_transformed_callable_nested_in_an_argument_warns_as_in_equinox():
+    # Equinox's generated __init__ walks its arguments for these; AutoModule skips
+    # that walk (its decision visits every leaf) and warns from there.
+    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    for make in (
+        lambda: Holder(jnp.ones(1), [jax.jit(linear)]),
+        lambda: Holder(jnp.ones(1), {"f": jax.vmap(linear)}),
+    ):
+        with pytest.warns(match="Possibly assigning a JAX-transformed callable"):
+            make()
+
+
+def test_subclasses_inherit_the_generated_init():
+    # The entry Equinox keeps per class for its argument walk is set aside for
+    # AutoModule classes; a subclass must still get a generated __init__ of all fields.
+    class Base(asx.AutoModule):
+        a: int
+
+    class Child(Base):
+        b: jax.Array
+
+    class Grandchild(Child):
+        c: str = "x"
+
+    g = Grandchild(1, jnp.ones(2))
+    assert (g.a, g.c) == (1, "x") and jax.tree_util.tree_leaves(g) == [g.b]
+    with pytest.raises(TypeError):
+        Child(1)  # b is required
