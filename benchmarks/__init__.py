@@ -21,6 +21,10 @@ Modules:
 - `scenarios`: what is measured on the synthetic models: pytree operations, dispatch,
   async dispatch, time to first call, training-step throughput.
 - `retracing`: trace counts, scripted on the MLP and in purpose-built contrasts.
+- `construction`: what building, tracing and compiling cost: wrapping made layers and
+  arrays, building with the layers' init, trace times, and trace + compile of diffrax
+  / optimistix stock and rebased onto AutoModule (`ecosystem_trace`, a script run in
+  processes of its own, the rebased ones by `python -m autostatic.rebased`).
 - `serialisation`: checkpoint save / load against Equinox's and a numpy floor.
 - `schema`: the `results.json` format, as types every producer and reader shares.
 - `report`: tables, targets (MET / MISSED; not judged in `--smoke`), the verdict and

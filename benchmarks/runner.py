@@ -50,6 +50,7 @@ from typing import Any, cast
 import jax
 
 from . import (
+    construction,
     models as M,
     real_models,
     registry,
@@ -557,6 +558,30 @@ def _plan_real_models(run: Run) -> list[Step]:
     ]
 
 
+def _plan_construction(run: Run) -> list[Step]:
+    """Building, tracing, and trace + compile of diffrax / optimistix stock vs
+    rebased (own processes), each a step of its own."""
+    settings = run.settings
+    return [
+        Step(
+            "construction builds (wrapping layers and arrays, layer init)",
+            lambda: construction.builds(settings),
+            run.store("construction", "builds"),
+        ),
+        Step(
+            "construction trace (transformer forward, training step)",
+            lambda: construction.trace(settings),
+            run.store("construction", "trace"),
+        ),
+        Step(
+            "construction trace + compile: diffrax / optimistix stock vs rebased "
+            f"({2 * settings.ecosystem_processes} processes)",
+            lambda: construction.ecosystem(settings),
+            run.store("construction", "ecosystem"),
+        ),
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Section:
     """A section `--only` selects: what it measures (for `--help`), where it goes in
@@ -593,6 +618,12 @@ SECTIONS: dict[str, Section] = {
     ),
     "real_models": Section(
         "eqx.nn layers inside user modules", {"real_models": None}, _plan_real_models
+    ),
+    "construction": Section(
+        "building, tracing and compiling (diffrax / optimistix rebased in own "
+        "processes)",
+        {"construction": {}},
+        _plan_construction,
     ),
 }
 

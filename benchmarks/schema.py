@@ -1,9 +1,10 @@
 """The `results.json` format, defined once: every section's shape as a `TypedDict`.
 
-The producers (`scenarios`, `real_models`, `serialisation`, `runner`) build these, the
-report reads them, and the tests write their hand-made results with them. The committed
-`benchmarks/results/<backend>/results.json` and the notebook's plotting code read the
-same format, so a key is renamed or dropped only together with them.
+The producers (`scenarios`, `real_models`, `construction`, `serialisation`,
+`runner`) build these, the report reads them, and the tests write their hand-made
+results with them. The committed `benchmarks/results/<backend>/results.json` and the
+notebook's plotting code read the same format, so a key is renamed or dropped only
+together with them.
 
 Conventions: times are medians with quartiles (`Stat`: µs, ms or MB/s, as the key
 says); a ratio is paired per round (`Ratio`, the same shape: median and quartiles of
@@ -335,6 +336,93 @@ class RealModels(TypedDict):
 
 
 # --------------------------------------------------------------------------------------
+# `construction`: building, tracing and compiling.
+# --------------------------------------------------------------------------------------
+
+
+class Spread(TypedDict):
+    """Median, lowest and highest of a few values (one per process or process pair),
+    and how many there were."""
+
+    median: float
+    min: float
+    max: float
+    n: int
+
+
+class ConstructionBuilds(TypedDict):
+    """Building models, every cell interleaved in one run: `ops_us[op][impl]`, and
+    `ratios[op]["<impl> / <reference>"]`, paired per round."""
+
+    rounds: int
+    layers: int  # the made `eqx.nn.Linear(8, 8)`s wrapped by `wrap_layers`
+    arrays: int  # the scalar arrays wrapped by `wrap_arrays`
+    blocks: int  # the transformer blocks of `build_init`
+    ops: dict[str, str]  # op -> its label
+    impls: dict[str, str]  # implementation -> what it is
+    ops_us: dict[str, dict[str, Stat | Failed]]
+    ratios: dict[str, dict[str, Ratio]]
+    note: str
+
+
+class TraceTimes(TypedDict):
+    """`jax.jit(fresh_fn).trace(*args)` of the eqx.nn transformer's forward pass and
+    training step: `ms[fn][variant]`, and autostatic's ratio to the fair twin per
+    function, paired per repetition."""
+
+    reps: int
+    blocks: int
+    fns: dict[str, str]  # function -> what it is
+    variants: dict[str, str]  # variant -> how it is jitted
+    ms: dict[str, dict[str, Stat | Failed]]
+    ratios: dict[str, Ratio]
+    note: str
+
+
+class EcosystemProcess(TypedDict):
+    """One process of `benchmarks/ecosystem_trace.py`: whether its libraries were
+    rebased, and per workload its medians (`lower_s`, `compile_s`, `total_s`)."""
+
+    rebased: bool
+    medians_s: dict[str, dict[str, float]]
+
+
+class EcosystemWorkload(TypedDict):
+    """One workload: per side, the per-process medians of trace + compile (ms), and
+    the ratios rebased / stock of each adjacent pair of processes (of the total, and
+    of its lowering and compiling parts)."""
+
+    stock_ms: Spread
+    rebased_ms: Spread
+    ratio: Spread
+    lower_ratio: Spread
+    compile_ratio: Spread
+
+
+class EcosystemTrace(TypedDict):
+    """Trace + compile of diffrax / optimistix workloads, stock and rebased onto
+    AutoModule, in alternating processes (not paired within a process)."""
+
+    processes_per_side: int
+    reps: int
+    rebase_checked: bool  # every rebased process had AutoModule classes, no stock one
+    rebase_summary: str  # what `python -m autostatic.rebased` reported
+    command: str
+    processes: list[EcosystemProcess]
+    workloads: dict[str, EcosystemWorkload]
+    note: str
+
+
+class Construction(TypedDict):
+    """The construction section: each part absent if its step failed (the error is
+    in `errors`)."""
+
+    builds: NotRequired[ConstructionBuilds]
+    trace: NotRequired[TraceTimes]
+    ecosystem: NotRequired[EcosystemTrace]
+
+
+# --------------------------------------------------------------------------------------
 # Targets, errors, and the whole file.
 # --------------------------------------------------------------------------------------
 
@@ -380,6 +468,7 @@ class Results(TypedDict):
     training: NotRequired[dict[str, Training]]
     serialisation: NotRequired[Serialisation | None]
     real_models: NotRequired[RealModels | None]
+    construction: NotRequired[Construction]
     targets: list[Target]
     errors: list[SectionError]
     plots: NotRequired[list[str]]

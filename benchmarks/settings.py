@@ -37,6 +37,17 @@ class Settings:
     async_rounds: int
     async_host_s: float  # host work between two steps
     async_device_s: float  # aimed device time of one step
+    # Construction: rounds of the interleaved builds, the blocks of the transformer
+    # built with its layers' init (and traced), the scalar arrays one AutoModule wraps,
+    construction_rounds: int
+    construction_blocks: int
+    construction_arrays: int
+    # fresh traces per variant and function,
+    trace_reps: int
+    # and the diffrax / optimistix processes per side (stock, rebased), each timing
+    # this many fresh compiles per workload.
+    ecosystem_processes: int
+    ecosystem_reps: int
 
 
 MODES: dict[str, Settings] = {
@@ -61,6 +72,12 @@ MODES: dict[str, Settings] = {
         async_rounds=2,
         async_host_s=2e-4,
         async_device_s=2e-4,
+        construction_rounds=3,
+        construction_blocks=2,
+        construction_arrays=2000,
+        trace_reps=1,
+        ecosystem_processes=1,
+        ecosystem_reps=1,
     ),
     "quick": Settings(
         mode="quick",
@@ -83,6 +100,12 @@ MODES: dict[str, Settings] = {
         async_rounds=6,
         async_host_s=1e-3,
         async_device_s=3e-3,
+        construction_rounds=15,
+        construction_blocks=12,
+        construction_arrays=20000,
+        trace_reps=5,
+        ecosystem_processes=3,
+        ecosystem_reps=3,
     ),
     "full": Settings(
         mode="full",
@@ -105,5 +128,11 @@ MODES: dict[str, Settings] = {
         async_rounds=10,
         async_host_s=1e-3,
         async_device_s=3e-3,
+        construction_rounds=40,
+        construction_blocks=12,
+        construction_arrays=20000,
+        trace_reps=15,
+        ecosystem_processes=5,
+        ecosystem_reps=5,
     ),
 }

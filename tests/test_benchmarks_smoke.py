@@ -14,6 +14,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is a package at the repository roo
     sys.path.append(str(ROOT))
 
 from benchmarks.schema import (  # noqa: E402  (after the path is set)
+    Construction,
     Machine,
     MeasuredTarget,
     Ratio,
@@ -38,6 +39,7 @@ def test_runner_smoke_mode_writes_results(
     _check_format(results)
     _check_sections(results, text)
     _check_real_models(results, text)
+    _check_construction(results, text)
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
@@ -144,7 +146,8 @@ def _check_real_models(results: dict[str, Any], text: str) -> None:
         assert all(info["treedefs_equal"] for info in res["info"].values()), name
     assert real["models"]["linear-256"]["ops_us"]["flatten"]["dict"]["median"] > 0
     real_targets = [t for t in results["targets"] if t["where"].startswith("real: ")]
-    assert len(real_targets) == 16
+    assert len(real_targets) == 20
+    _check_real_build_targets(real_targets)
     assert "### Real models" in text
     # The short summary comes last, against both baselines.
     summary = text[text.index("### Summary: AutoModule vs eqx.Module") :]
@@ -171,6 +174,62 @@ def _check_real_models(results: dict[str, Any], text: str) -> None:
     assert scale["eqx-static, Dropout a child"]["n"] > 0
     assert "* treedef == on transformer: " in summary
     assert "vs `eqx-static, Dropout a child` (the fair twin must mark" in summary
+
+
+def _check_real_build_targets(real_targets: list[dict[str, Any]]) -> None:
+    """Building around made layers: <= 1.25x the fair twin on every model, beside
+    the older <= 1.0x target on mixed-stack, each with a measured value."""
+    from benchmarks import registry
+
+    build = [
+        t for t in real_targets if t["target"].startswith("build (around made layers)")
+    ]
+    assert sorted((t["where"], t["threshold"]) for t in build) == sorted(
+        [(f"real: {m}", 1.25) for m in registry.EQX_NN_MODELS]
+        + [("real: mixed-stack", 1.0)]
+    )
+    assert all(isinstance(t["value"], float) for t in build), build
+
+
+CONSTRUCTION_THRESHOLDS = [2.0, 2.0, 2.0, 2.0, 1.05, 1.0, 1.0, 1.05, 1.05]
+
+
+def _check_construction(results: dict[str, Any], text: str) -> None:
+    """Every part of the construction section measured, the rebase checked in its
+    own process, its targets stated with numbers, its tables and summary rows."""
+    cons = results["construction"]
+    assert set(cons) == {"builds", "trace", "ecosystem"}
+    builds = cons["builds"]
+    for op, impls in (
+        ("wrap_layers", {"autostatic", "eqx-filter", "tree_leaves"}),
+        ("wrap_arrays", {"autostatic", "eqx-filter", "tree_leaves"}),
+        ("build_init", {"autostatic", "eqx-static"}),
+    ):
+        assert set(builds["ops_us"][op]) == impls, op
+        assert all(s["median"] > 0 for s in builds["ops_us"][op].values()), op
+    trace = cons["trace"]
+    assert trace["ratios"]["forward"]["n"] == trace["ratios"]["train_step"]["n"] >= 1
+    assert "fails" in trace["ms"]["forward"]["eqx-static / jax.jit"]  # function field
+    eco = cons["ecosystem"]
+    assert eco["rebase_checked"] is True
+    assert sorted(p["rebased"] for p in eco["processes"]) == [False, True]
+    assert eco["rebase_summary"].startswith("autostatic rebase: diffrax: ")
+    assert set(eco["workloads"]) == {"diffeqsolve", "root_find"}
+    for res in eco["workloads"].values():
+        assert res["ratio"]["median"] > 0 and res["stock_ms"]["median"] > 0
+
+    targets = [t for t in results["targets"] if t["section"] == "construction"]
+    assert [t["threshold"] for t in targets] == CONSTRUCTION_THRESHOLDS
+    for t in targets:
+        assert isinstance(t["value"], float) and t["value"] > 0, t
+        assert t["status"].removeprefix("info: ") == "not judged (smoke run)", t
+    assert sum(t["status"].startswith("info: ") for t in targets) == 2
+    section = _section(text, "### Construction")
+    assert "`eqx-static / eqx.partition + jax.jit`" in section
+    assert "rebase checked: yes" in section
+    summary = text[text.index("### Summary: AutoModule vs eqx.Module") :]
+    assert "| trace: forward / train_step (transformer-" in summary
+    assert "Trace + compile with diffrax, lineax and optimistix rebased" in summary
 
 
 FAIR = "eqx-static / jax.jit"
@@ -514,3 +573,134 @@ def test_verdict_opens_the_report_and_groups_operations_by_speed() -> None:
     assert "* **Mixed**\n  * flattening a model: 0.30-1.20x" in verdict
     assert "Faster" not in verdict.split("The same:")[0]
     assert report.verdict_section(_results([])) == []
+
+
+def _spread(v: float) -> Any:
+    return {"median": v, "min": v, "max": v, "n": 1}
+
+
+def _ecosystem_workload(ratio: float) -> Any:
+    """One workload's results with the rebased processes `ratio` times slower."""
+    return {
+        "stock_ms": _spread(100.0),
+        "rebased_ms": _spread(100.0 * ratio),
+        "ratio": _spread(ratio),
+        "lower_ratio": _spread(ratio),
+        "compile_ratio": _spread(1.0),
+    }
+
+
+def _construction(
+    wrap: float, arrays: float, init: float, trace: float, eco: float
+) -> Construction:
+    """A construction section with these ratios of autostatic (eqx.Module's wrapping
+    ratios 1.0, the training step's trace ratio 2x the forward's)."""
+
+    builds = {
+        "wrap_layers": {
+            "autostatic / tree_leaves": _ratio(wrap),
+            "eqx-filter / tree_leaves": _ratio(1.0),
+            "autostatic / eqx-filter": _ratio(wrap),
+        },
+        "wrap_arrays": {
+            "autostatic / tree_leaves": _ratio(arrays),
+            "eqx-filter / tree_leaves": _ratio(1.0),
+            "autostatic / eqx-filter": _ratio(arrays),
+        },
+        "build_init": {"autostatic / eqx-static": _ratio(init)},
+    }
+    workload = _ecosystem_workload(eco)
+    return cast(
+        Construction,
+        {
+            "builds": {
+                "rounds": 5,
+                "layers": 256,
+                "arrays": 20_000,
+                "blocks": 12,
+                "ops": {},
+                "impls": {},
+                "ops_us": {},
+                "ratios": builds,
+                "note": "",
+            },
+            "trace": {
+                "reps": 5,
+                "blocks": 12,
+                "fns": {"forward": "", "train_step": ""},
+                "variants": {},
+                "ms": {},
+                "ratios": {"forward": _ratio(trace), "train_step": _ratio(2 * trace)},
+                "note": "",
+            },
+            "ecosystem": {
+                "processes_per_side": 3,
+                "reps": 3,
+                "rebase_checked": True,
+                "rebase_summary": "",
+                "command": "",
+                "processes": [],
+                "workloads": {"diffeqsolve": workload, "root_find": workload},
+                "note": "",
+            },
+        },
+    )
+
+
+def test_construction_targets_are_judged_against_fixed_thresholds() -> None:
+    from benchmarks import report
+
+    only = ["construction"]
+    ran = _results(only, construction=_construction(1.9, 2.1, 1.06, 0.9, 1.04))
+    got = report.evaluate_targets(ran, sections=only)
+    assert [t["threshold"] for t in got] == CONSTRUCTION_THRESHOLDS
+    assert [t["status"] for t in got] == [
+        "MET",  # wrapping layers, 1.9x <= 2x
+        "info: MET",
+        "MISSED",  # wrapping arrays, 2.1x
+        "info: MET",
+        "MISSED",  # build with layer init, 1.06x > 1.05x
+        "MET",  # forward trace 0.9x
+        "MISSED",  # training-step trace 1.8x
+        "MET",  # diffeqsolve rebased 1.04x <= 1.05x
+        "MET",
+    ]
+    assert all(
+        t["section"] == "construction" and not t["note"].startswith("evaluated")
+        for t in got
+    )
+    # A part whose step failed: its targets are N/A, never dropped.
+    partial = cast(Construction, {"trace": ran["construction"]["trace"]})
+    got = report.evaluate_targets(_results(only, construction=partial), only)
+    statuses = [t["status"].removeprefix("info: ") for t in got]
+    assert statuses.count("N/A") == 7 and len(got) == len(CONSTRUCTION_THRESHOLDS)
+    # The verdict names building with the layers' init, tracing and the rebase.
+    verdict = "\n".join(report.verdict_section(ran))
+    assert (
+        "building a model with its layers' init: 1.06x the fair twin's time" in verdict
+    )
+    assert "tracing a forward pass and a training step" in verdict
+    assert "1.04x the stock libraries' time" in verdict
+    summary = "\n".join(report.summary_section({**ran, "wall_s": 1.0}))
+    assert "* trace train_step on transformer-12: 1.80x vs fair twin" in summary
+
+
+def test_ecosystem_process_fails_without_the_rebase(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from benchmarks import construction
+
+    # A "rebased" process that in fact runs the stock libraries must not pass.
+    monkeypatch.setattr(
+        construction,
+        "ecosystem_command",
+        lambda rebased, reps: [
+            sys.executable,
+            str(construction.SCRIPT),
+            "--reps",
+            "0",
+            "--expect-rebased",
+        ],
+    )
+    with pytest.raises(RuntimeError, match="exited 3"):
+        construction.run_ecosystem_process(True, 0)

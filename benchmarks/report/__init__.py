@@ -44,6 +44,7 @@ from .summary import (
 )
 from .tables import (
     async_section,
+    construction_section,
     first_call_section,
     machine_section,
     overview_section,
@@ -57,6 +58,8 @@ from .tables import (
     tree_ops_section,
 )
 from .targets import (
+    BUILD_TARGETS,
+    construction_targets,
     evaluate_targets,
     REAL_INFO_TARGETS,
     real_models_targets,
@@ -67,6 +70,7 @@ from .targets import (
 
 __all__ = [
     "AUTO_JIT",
+    "BUILD_TARGETS",
     "DICT_JIT",
     "EQX_FILTER_FILTER",
     "EQX_STATIC_FILTER",
@@ -87,6 +91,8 @@ __all__ = [
     "TARGETS_DEPTH",
     "VERDICT_OPS",
     "async_section",
+    "construction_section",
+    "construction_targets",
     "default_out_dir",
     "evaluate_targets",
     "first_call_section",

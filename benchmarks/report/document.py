@@ -8,6 +8,7 @@ from ..schema import Results
 from .summary import summary_section, verdict_section
 from .tables import (
     async_section,
+    construction_section,
     errors_section,
     first_call_section,
     machine_section,
@@ -41,6 +42,7 @@ PARTS: tuple[tuple[str, Callable[[Any], list[str]]], ...] = (
     ("training", training_section),
     ("serialisation", serialisation_section),
     ("real_models", real_models_section),
+    ("construction", construction_section),
     ("errors", errors_section),
 )
 

@@ -7,8 +7,10 @@ Both read across sections; the per-section tables are in `tables`.
 """
 
 import os
+from typing import NamedTuple
 
 from ..schema import (
+    Construction,
     Contrasts,
     Ratio,
     RealModels,
@@ -129,7 +131,14 @@ def format_span(values: list[float]) -> str:
     return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
 
 
-Claim = tuple[str, list[float], str]  # what, time ratios vs the fair twin, the rest
+class Claim(NamedTuple):
+    """What the verdict says of one operation: its time ratios against `reference`
+    (the fair twin unless said), and the rest in words."""
+
+    what: str
+    ratios: list[float]
+    rest: str
+    reference: str = "the fair twin's time"
 
 
 def _collect_real_claims(real: RealModels) -> list[Claim]:
@@ -150,7 +159,7 @@ def _collect_real_claims(real: RealModels) -> list[Claim]:
             versus = (
                 f"{format_span(filtered)} under `eqx.filter_jit`" if filtered else ""
             )
-            claims.append((what, fair, f"{versus}; on {where}"))
+            claims.append(Claim(what, fair, f"{versus}; on {where}"))
     return claims
 
 
@@ -164,16 +173,71 @@ def _make_training_claim(training: dict[str, Training]) -> Claim | None:
     if not fair:
         return None
     versus = f"{format_span(filtered)} under `eqx.filter_jit`" if filtered else ""
-    return ("a training step", fair, f"{versus}; on {', '.join(models)}")
+    return Claim("a training step", fair, f"{versus}; on {', '.join(models)}")
+
+
+def _construction_claims(cons: Construction) -> list[Claim]:
+    """Wrapping in a list field (against the same eqx.Module), building with the
+    layers' init and tracing (against the fair twin), and trace + compile with the
+    libraries rebased (against the stock libraries)."""
+    claims = []
+    builds, trace, eco = cons.get("builds"), cons.get("trace"), cons.get("ecosystem")
+    if builds:
+        ratios = builds["ratios"]
+        wrap = [
+            r["median"]
+            for op in ("wrap_layers", "wrap_arrays")
+            if (r := ratios.get(op, {}).get("autostatic / eqx-filter"))
+        ]
+        if wrap:
+            claims.append(
+                Claim(
+                    "wrapping made layers or arrays in a list field",
+                    wrap,
+                    f"{builds['layers']} Linear(8, 8), {builds['arrays']} scalar arrays",
+                    "the same eqx.Module's time",
+                )
+            )
+        init = ratios.get("build_init", {}).get("autostatic / eqx-static")
+        if init:
+            claims.append(
+                Claim(
+                    "building a model with its layers' init",
+                    [init["median"]],
+                    f"a {builds['blocks']}-block eqx.nn transformer",
+                )
+            )
+    if trace and trace["ratios"]:
+        claims.append(
+            Claim(
+                "tracing a forward pass and a training step (`jax.jit(f).trace`)",
+                [r["median"] for r in trace["ratios"].values()],
+                f"the {trace['blocks']}-block eqx.nn transformer; the fair twin "
+                "partitioned once by `eqx.partition`, which plain `jax.jit` needs",
+            )
+        )
+    if eco and eco["workloads"]:
+        claims.append(
+            Claim(
+                "trace + compile with diffrax, lineax and optimistix rebased onto "
+                "AutoModule",
+                [w["ratio"]["median"] for w in eco["workloads"].values()],
+                f"{', '.join(eco['workloads'])}; per pair of processes",
+                "the stock libraries' time",
+            )
+        )
+    return claims
 
 
 def collect_verdict_claims(results: Results) -> list[Claim]:
-    """(what, time ratios vs the fair twin, the same vs `eqx.filter_jit` in words),
-    for the training step and every operation measured on the real models."""
+    """Every claim of the verdict: the training step, every operation measured on the
+    real models, and construction."""
     real, training = results.get("real_models"), results.get("training")
     claims = _collect_real_claims(real) if real else []
     claim = _make_training_claim(training) if training else None
-    return ([claim] if claim else []) + claims
+    cons = results.get("construction")
+    more = _construction_claims(cons) if cons else []
+    return ([claim] if claim else []) + claims + more
 
 
 def verdict_section(results: Results) -> list[str]:
@@ -183,16 +247,20 @@ def verdict_section(results: Results) -> list[str]:
     if not claims:
         return []
     groups: dict[str, list[str]] = {}
-    for what, fair, rest in claims:
-        entry = f"{what}: {format_span(fair)} the fair twin's time ({rest})"
-        groups.setdefault(group_by_speed(fair), []).append(entry)
+    for claim in claims:
+        entry = (
+            f"{claim.what}: {format_span(claim.ratios)} {claim.reference} "
+            f"({claim.rest})"
+        )
+        groups.setdefault(group_by_speed(claim.ratios), []).append(entry)
     lines = [
         "### Verdict",
         "",
         "Time ratios of AutoModule under plain `jax.jit`, paired per round (below 1 is "
         "faster): against the fair twin (eqx.Module with its non-array fields marked "
         "static, the same code under `jax.jit`) and against what Equinox users run "
-        "(eqx.Module without markers under `eqx.filter_jit`).",
+        "(eqx.Module without markers under `eqx.filter_jit`). A line with another "
+        "reference (the same eqx.Module, the stock libraries) names it.",
         "",
     ]
     for group in SPEED_GROUPS:
@@ -352,6 +420,61 @@ def _add_training_row(training: dict[str, Training], summary: SummaryTable) -> N
     summary.rows.append([f"training step time ({' / '.join(models)})", *cells])
 
 
+def _add_construction_rows(cons: Construction, summary: SummaryTable) -> None:
+    """Wrapping, building with the layers' init and tracing, against the fair twin
+    (the wrapping holders have nothing to mark: one class is both baselines)."""
+    builds, trace = cons.get("builds"), cons.get("trace")
+    if builds:
+        ratios = builds["ratios"]
+        wrap = [
+            ratios.get(op, {}).get("autostatic / eqx-filter")
+            for op in ("wrap_layers", "wrap_arrays")
+        ]
+        label = f"wrap in a list field ({builds['layers']} Linears / {builds['arrays']} arrays)"
+        cell = " / ".join(fmt_ratio(r) for r in wrap)
+        summary.rows.append([label, cell, cell])
+        sizes = (f"{builds['layers']} Linears", f"{builds['arrays']} arrays")
+        for r, where in zip(wrap, sizes):
+            value = r["median"] if r else None
+            summary.note_if_slower("wrap in a list field", where, "eqx.Module", value)
+        init = ratios.get("build_init", {}).get("autostatic / eqx-static")
+        where = f"transformer-{builds['blocks']}"
+        summary.rows.append([f"build with layer init ({where})", fmt_ratio(init), "-"])
+        value = init["median"] if init else None
+        summary.note_if_slower("build with layer init", where, "fair twin", value)
+    if trace:
+        where = f"transformer-{trace['blocks']}"
+        cells = []
+        for fn in trace["fns"]:
+            r = trace["ratios"].get(fn)
+            cells.append(f"{r['median']:.2f}x{PARTITIONED_MARK}" if r else "-")
+            value = r["median"] if r else None
+            summary.note_if_slower(f"trace {fn}", where, "fair twin", value)
+        summary.rows.append(
+            [f"trace: {' / '.join(trace['fns'])} ({where})", " / ".join(cells), "-"]
+        )
+
+
+def _ecosystem_lines(cons: Construction, summary: SummaryTable) -> list[str]:
+    """Trace + compile with the libraries rebased, against the stock libraries."""
+    eco = cons.get("ecosystem")
+    if not eco:
+        return []
+    parts = []
+    for workload, res in eco["workloads"].items():
+        r = res["ratio"]
+        parts.append(f"{workload} {r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f})")
+        summary.note_if_slower(
+            "trace + compile", f"{workload} (rebased)", "stock", r["median"]
+        )
+    return [
+        "",
+        "Trace + compile with diffrax, lineax and optimistix rebased onto AutoModule, "
+        "time ratio to the stock libraries (median, min–max over "
+        f"{eco['processes_per_side']} pair(s) of processes): " + ", ".join(parts) + ".",
+    ]
+
+
 def _comparison_lines(summary: SummaryTable) -> list[str]:
     """The table, its marks, and where we are slower."""
     lines: list[str] = []
@@ -464,6 +587,9 @@ def summary_section(results: Results) -> list[str]:
     _note_slower_tree_ops(tree_ops, summary)
     if training:
         _add_training_row(training, summary)
+    cons = results.get("construction") or {}
+    _add_construction_rows(cons, summary)
+    ecosystem = _ecosystem_lines(cons, summary)
     speeds = read_checkpoint_speeds(results.get("serialisation"))
     for label, v in speeds:  # a speed ratio: slower is below 1
         if v < 1 / SLOWER_BEYOND:
@@ -474,7 +600,7 @@ def summary_section(results: Results) -> list[str]:
         "### Summary: AutoModule vs eqx.Module (time ratios of AutoModule, paired per "
         "round; < 1 is faster)",
     ]
-    lines += _comparison_lines(summary)
+    lines += _comparison_lines(summary) + ecosystem
     contrasts = (results.get("retracing") or {}).get("contrasts")
     if contrasts:
         lines += _retracing_lines(contrasts)

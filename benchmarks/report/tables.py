@@ -8,8 +8,11 @@ from .. import models as M
 from ..schema import (
     AsyncDispatch,
     AsyncVariant,
+    Construction,
+    ConstructionBuilds,
     Contrasts,
     ContrastScenario,
+    EcosystemTrace,
     Failed,
     FirstCall,
     Machine,
@@ -19,9 +22,11 @@ from ..schema import (
     Retracing,
     SectionError,
     Serialisation,
+    Spread,
     Stat,
     Target,
     TraceCount,
+    TraceTimes,
     Training,
     TreeOpsGroup,
 )
@@ -640,6 +645,138 @@ def real_models_section(real: RealModels) -> list[str]:
         "llrrrrr",
     )
     return lines + [""] + notes + ([""] if notes else [])
+
+
+# --------------------------------------------------------------------------------------
+# Construction.
+# --------------------------------------------------------------------------------------
+
+
+def _stat_cell(stat: Stat | Failed | None, unit: str = "µs") -> str:
+    """µs (or ms) with the quartiles, `fails: ...` or `-`."""
+    if not stat:
+        return "-"
+    if "fails" in stat:
+        return f"fails: {stat['fails'][:100]}"
+    if unit == "ms":
+        return f"{stat['median']:.1f} ({stat['q1']:.1f}–{stat['q3']:.1f})"
+    return fmt_stat_us(stat)
+
+
+def _builds_table(builds: ConstructionBuilds) -> list[str]:
+    """Every build cell's µs and its paired ratios."""
+    rows = []
+    for op, label in builds["ops"].items():
+        ratios = builds["ratios"].get(op, {})
+        for i, (impl, stat) in enumerate(builds["ops_us"].get(op, {}).items()):
+            mine = "; ".join(
+                f"vs {key.split(' / ')[1]} {fmt_ratio(r, iqr=True)}"
+                for key, r in ratios.items()
+                if key.split(" / ")[0] == impl
+            )
+            rows.append(
+                [label if i == 0 else "", f"`{impl}`", _stat_cell(stat), mine or "-"]
+            )
+    lines = [
+        f"Building, median µs (IQR), {builds['rounds']} rounds, every cell "
+        "interleaved; ratios paired per round (< 1 = faster):",
+        "",
+    ]
+    lines += table(["op", "impl", "µs (IQR)", "ratios (IQR)"], rows, "llrl")
+    lines += [""] + [f"* `{k}`: {v}" for k, v in builds["impls"].items()]
+    return lines + [f"* {builds['note']}.", ""]
+
+
+def _trace_table(trace: TraceTimes) -> list[str]:
+    """Trace ms per function and variant, autostatic's paired ratio."""
+    rows = []
+    for fn, label in trace["fns"].items():
+        for i, (variant, stat) in enumerate(trace["ms"].get(fn, {}).items()):
+            ratio = (
+                trace["ratios"].get(fn) if variant.startswith("autostatic") else None
+            )
+            rows.append(
+                [
+                    label if i == 0 else "",
+                    f"`{variant}`",
+                    _stat_cell(stat, "ms"),
+                    fmt_ratio(ratio, iqr=True) if ratio else "",
+                ]
+            )
+    lines = [
+        f"Trace time of the {trace['blocks']}-block eqx.nn transformer, median ms "
+        f"(IQR) over {trace['reps']} reps:",
+        "",
+    ]
+    lines += table(
+        ["function", "variant", "ms (IQR)", "vs the fair twin, partitioned"],
+        rows,
+        "llrr",
+    )
+    return lines + ["", f"* {trace['note']}.", ""]
+
+
+def _ecosystem_table(eco: EcosystemTrace) -> list[str]:
+    """Trace + compile per workload, stock vs rebased processes."""
+
+    def span(s: Spread, fmt: str, unit: str = "") -> str:
+        return f"{s['median']:{fmt}}{unit} ({s['min']:{fmt}}–{s['max']:{fmt}})"
+
+    rows = [
+        [
+            f"`{w}`",
+            span(res["stock_ms"], ".0f"),
+            span(res["rebased_ms"], ".0f"),
+            span(res["ratio"], ".2f", "x"),
+            f"{res['lower_ratio']['median']:.2f}x",
+            f"{res['compile_ratio']['median']:.2f}x",
+        ]
+        for w, res in eco["workloads"].items()
+    ]
+    n = eco["processes_per_side"]
+    lines = [
+        f"Trace + compile with diffrax, lineax and optimistix stock and rebased onto "
+        f"AutoModule, {n} process(es) each, {eco['reps']} compiles per process, ms "
+        "(median, min–max over processes):",
+        "",
+    ]
+    lines += table(
+        [
+            "workload",
+            "stock ms",
+            "rebased ms",
+            "rebased / stock (per pair)",
+            "lowering",
+            "compiling",
+        ],
+        rows,
+    )
+    return lines + [
+        "",
+        f"* {eco['note']}.",
+        f"* rebased with `{eco['command']}`; rebase checked: "
+        f"{'yes' if eco['rebase_checked'] else 'NO'} ({eco['rebase_summary']}).",
+        "",
+    ]
+
+
+def construction_section(cons: Construction) -> list[str]:
+    """Building, tracing, and trace + compile of the libraries rebased: each part
+    that ran."""
+    lines = [
+        "### Construction: building, tracing and compiling, AutoModule vs eqx.Module",
+        "",
+        "The build targets around made layers (<= 1.25x the fair twin) are read from "
+        "the real models' `build` row.",
+        "",
+    ]
+    if "builds" in cons:
+        lines += _builds_table(cons["builds"])
+    if "trace" in cons:
+        lines += _trace_table(cons["trace"])
+    if "ecosystem" in cons:
+        lines += _ecosystem_table(cons["ecosystem"])
+    return lines
 
 
 def errors_section(errors: list[SectionError]) -> list[str]:

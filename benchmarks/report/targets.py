@@ -13,6 +13,9 @@ from typing import cast, TypeVar
 from .. import models as M
 from ..schema import (
     Comparison,
+    Construction,
+    ConstructionBuilds,
+    EcosystemTrace,
     Failed,
     FirstCall,
     FirstCallVariant,
@@ -29,6 +32,7 @@ from ..schema import (
     Stat,
     Target,
     TraceCount,
+    TraceTimes,
     TrainingVariant,
     TreeOpsGroup,
 )
@@ -405,6 +409,13 @@ REAL_TARGETS: tuple[tuple[str, tuple[str, ...], str, float, str], ...] = (
     ),
     ("unflatten_read", ("linear-256",), "eqx-static", 0.5, ""),
     ("build", ("mixed-stack",), "eqx-static", 1.0, ""),
+    (
+        "build",
+        ("linear-256", "transformer", "mixed-stack", "nested"),
+        "eqx-static",
+        1.25,
+        "",
+    ),
     ("flatten", ("mixed-stack",), "eqx-static", 0.5, ""),
     ("unflatten_read", ("mixed-stack",), "eqx-static", 1.0, ""),
     ("treedef_eq", ("mixed-stack",), "eqx-static", 1.0, ""),
@@ -496,6 +507,185 @@ def real_models_targets(real: RealModels | None) -> list[Target]:
 
 
 # --------------------------------------------------------------------------------------
+# Construction: building, tracing, compiling.
+# --------------------------------------------------------------------------------------
+
+# The sizes the construction targets are stated for (a smoke run measures less).
+CONSTRUCTION_ARRAYS = 20_000
+CONSTRUCTION_BLOCKS = 12
+# (op, ratio "<impl> / <reference>", threshold, information only, name). The (info)
+# rows: eqx.Module of the same fields against the same floor, beside ours.
+BUILD_TARGETS: tuple[tuple[str, str, float, bool, str], ...] = (
+    (
+        "wrap_layers",
+        "autostatic / tree_leaves",
+        2.0,
+        False,
+        "AutoModule wrapping 256 made Linear(8, 8) in a list field",
+    ),
+    (
+        "wrap_layers",
+        "eqx-filter / tree_leaves",
+        2.0,
+        True,
+        "(info) eqx.Module wrapping 256 made Linear(8, 8) in a list field",
+    ),
+    (
+        "wrap_arrays",
+        "autostatic / tree_leaves",
+        2.0,
+        False,
+        f"AutoModule holding {CONSTRUCTION_ARRAYS} scalar arrays, built",
+    ),
+    (
+        "wrap_arrays",
+        "eqx-filter / tree_leaves",
+        2.0,
+        True,
+        f"(info) eqx.Module holding {CONSTRUCTION_ARRAYS} scalar arrays, built",
+    ),
+    (
+        "build_init",
+        "autostatic / eqx-static",
+        1.05,
+        False,
+        f"build with layer init ({CONSTRUCTION_BLOCKS}-block transformer)",
+    ),
+)
+TRACE_TARGETS: tuple[tuple[str, str], ...] = (
+    ("forward", "trace time, transformer forward"),
+    ("train_step", "trace time, training step (loss + jax.grad + adam)"),
+)
+TRACE_REFERENCE = "eqx-static / eqx.partition + jax.jit (fair twin)"
+ECOSYSTEM_THRESHOLD = 1.05
+
+
+def _size_note(measured: int, stated: int, what: str) -> str:
+    """Where the run measured a smaller model than the target names (a smoke run)."""
+    if measured == stated:
+        return ""
+    return f"evaluated on {measured} {what}: the target is stated for {stated}"
+
+
+def _build_target(
+    builds: ConstructionBuilds | None, row: tuple[str, str, float, bool, str]
+) -> Target:
+    """One row of `BUILD_TARGETS`, judged."""
+    op, key, thr, info, name = row
+    impl, ref = key.split(" / ")
+    name = f"{name} <= {thr}x {ref}"
+    if builds is None:
+        return judged_target(name, None, "<=", thr, "not measured", "construction")
+    r = builds["ratios"].get(op, {}).get(key)
+    stats = builds["ops_us"].get(op, {})
+    detail = (
+        f"{fmt_ratio(r, iqr=True)}; {impl} "
+        f"{fmt_stat_us(_measured(stats.get(impl)), True)}, {ref} "
+        f"{fmt_stat_us(_measured(stats.get(ref)), True)}"
+    )
+    notes = [INFO_ONLY if info else ""]
+    if op == "wrap_arrays":
+        notes.append(_size_note(builds["arrays"], CONSTRUCTION_ARRAYS, "arrays"))
+    if op == "build_init":
+        notes += [
+            _size_note(builds["blocks"], CONSTRUCTION_BLOCKS, "blocks"),
+            "the layers' own constructors (random init) inside the timing",
+        ]
+    return judged_target(
+        name,
+        _median(r),
+        "<=",
+        thr,
+        detail,
+        f"construction: {op}",
+        "; ".join(x for x in notes if x),
+        info,
+    )
+
+
+def _trace_target(trace: TraceTimes | None, fn: str, name: str) -> Target:
+    """A trace-time target: autostatic under plain `jax.jit` against the fair twin
+    under Equinox's partitioned route."""
+    name = f"{name} <= 1.0x {TRACE_REFERENCE}"
+    if trace is None:
+        return judged_target(name, None, "<=", 1.0, "not measured", "construction")
+    r = trace["ratios"].get(fn)
+    ms = trace["ms"].get(fn, {})
+    detail = ", ".join(
+        f"{v.split(' / ')[0]} {m['median']:.1f} ms"
+        for v, stat in ms.items()
+        if (m := _measured(stat))
+    )
+    notes = [
+        _size_note(trace["blocks"], CONSTRUCTION_BLOCKS, "blocks"),
+        "plain `jax.jit` refuses the fair twin (`eqx.nn.MLP` holds a function "
+        "field): it is traced by Equinox's route, `eqx.partition` once and "
+        "`jax.jit` over its arrays, the static half closed over",
+    ]
+    return judged_target(
+        name,
+        _median(r),
+        "<=",
+        1.0,
+        f"{fmt_ratio(r, iqr=True)}; {detail} over {trace['reps']} reps",
+        f"construction: trace {fn}",
+        "; ".join(x for x in notes if x),
+    )
+
+
+def _ecosystem_targets(eco: EcosystemTrace | None) -> list[Target]:
+    """Trace + compile with the libraries rebased against stock, per workload."""
+    name = "trace + compile, {} with diffrax/lineax/optimistix rebased <= {}x stock"
+    if eco is None:
+        return [
+            judged_target(
+                name.format(w, ECOSYSTEM_THRESHOLD),
+                None,
+                "<=",
+                ECOSYSTEM_THRESHOLD,
+                "not measured",
+                "construction",
+            )
+            for w in ("diffeqsolve", "root_find")
+        ]
+    targets = []
+    for workload, res in eco["workloads"].items():
+        r = res["ratio"]
+        targets.append(
+            judged_target(
+                name.format(workload, ECOSYSTEM_THRESHOLD),
+                r["median"],
+                "<=",
+                ECOSYSTEM_THRESHOLD,
+                f"{r['median']:.2f}x (pairs {r['min']:.2f}–{r['max']:.2f}, n={r['n']}); "
+                f"stock {res['stock_ms']['median']:.0f} ms, rebased "
+                f"{res['rebased_ms']['median']:.0f} ms; lowering "
+                f"{res['lower_ratio']['median']:.2f}x, compiling "
+                f"{res['compile_ratio']['median']:.2f}x",
+                f"construction: {workload}",
+                f"not paired within a process: {eco['processes_per_side']} stock and "
+                f"{eco['processes_per_side']} rebased processes alternated, a ratio per "
+                f"adjacent pair, {eco['reps']} compiles each; rebase checked "
+                f"({'yes' if eco['rebase_checked'] else 'NO'})",
+            )
+        )
+    return targets
+
+
+def construction_targets(cons: Construction | None) -> list[Target]:
+    """The build, trace and ecosystem targets; each N/A where its step failed. The
+    `build` targets on the real models are `real_models`' (`REAL_TARGETS`)."""
+    cons = cons or {}
+    builds = cons.get("builds")
+    trace = cons.get("trace")
+    return (
+        [_build_target(builds, row) for row in BUILD_TARGETS]
+        + [_trace_target(trace, fn, name) for fn, name in TRACE_TARGETS]
+        + _ecosystem_targets(cons.get("ecosystem"))
+    )
+
+
+# --------------------------------------------------------------------------------------
 # All of them.
 # --------------------------------------------------------------------------------------
 
@@ -509,6 +699,7 @@ TARGET_RULES: dict[str, Callable[[Results], list[Target]]] = {
         results.get("serialisation")
     ),
     "real_models": lambda results: real_models_targets(results.get("real_models")),
+    "construction": lambda results: construction_targets(results.get("construction")),
 }
 
 
