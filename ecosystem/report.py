@@ -10,21 +10,7 @@ _REASONS = {name: reason for name, _, reason in CAUSES} | {
 
 
 # What is known of particular failures, by a piece of their node id.
-EXPLAINED = {
-    "test_optax_recompilation": (
-        "deliberate difference: autostatic's hidden-array warning names the learning "
-        "rate inside optax's closure, which optimistix keeps in an "
-        "equinox.internal closure-to-pytree wrapper whose cells are leaves beside it; "
-        "the suite's filterwarnings = error turns the warning into the failure. The "
-        "warning is right for a user's partial or closure beside its array (it bakes "
-        "a constant), and cannot tell this wrapper from one"
-    ),
-    "test_small_wellposed[float64-<lambda>-make_jacrev_operator-solver120": (
-        "unexplained, not reproduced: the item passes alone in mode b (4 of 4 runs, "
-        "random seeds) and in the same 79-item sequence with EQX_GETKEY_SEED=0; "
-        "it failed only in the single-process runs with a random seed per test"
-    ),
-}
+EXPLAINED: dict[str, str] = {}
 
 
 # Why a library is not in the results, where a run was tried and could not finish.
@@ -126,6 +112,8 @@ def render(results: dict[str, Any]) -> str:
     if notes:
         lines += [""] + [f"- {lib}: {note}" for lib, note in notes]
     lines += ["", "## Remaining failures, by cause", ""]
+    if not any(o["failures"] for r in results.values() for o in r["outcomes"]):
+        lines += ["None: every selected item passes in every mode.", ""]
     for library, result in results.items():
         outcomes = result["outcomes"]
         for o in outcomes:
