@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+import autostatic as asx
+
 from . import models as M
 from .scenarios import block, make_train_step
 from .schema import (
@@ -81,7 +83,11 @@ class ScriptedRun:
     def call(self, b: M.Built) -> Any:
         """The jitted function's result on `b`, computed."""
         assert self._f is not None, "start() first"
-        return block(self._f(b.tree, self.x))
+        # The scenarios retrace on purpose, and count it; the warning meant for a
+        # user who does not know would only clutter the output.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", asx.RetraceWarning)
+            return block(self._f(b.tree, self.x))
 
 
 # Each scripted scenario's script: what it calls, on which models. It returns whether
