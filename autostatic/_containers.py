@@ -9,6 +9,7 @@ built-in containers, item by item, and the node's flatten decides the partition
 afresh when one has changed. Eager code and `jax.jit` then see the same values.
 """
 
+import dataclasses
 import operator
 from collections import defaultdict, OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -35,12 +36,6 @@ def format_path(path: ContainerPath) -> str:
 SCALAR_TYPES: Final = frozenset({int, float, bool, str, complex, bytes})
 _NOT_CONTAINERS: Final = SCALAR_TYPES | {type(None)}
 
-# The mutable built-ins JAX flattens as nodes (sets are leaves to JAX, but static
-# values a mutation would change all the same).
-_DICT_TYPES: Final = (dict, OrderedDict, defaultdict)
-# The nodes a change in place can alter (not tuples, nor namedtuples).
-_MUTABLE_NODE_TYPES: Final = frozenset({list, *_DICT_TYPES})
-
 
 class ContainerCycleError(TypeError):
     """A list, dict or tuple that contains itself: a pytree cannot hold a cycle."""
@@ -53,39 +48,102 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
     )
 
 
-def _items(value: Any) -> list[tuple[Hashable, Any]] | None:
-    """(key, item) pairs of a container JAX flattens as a node, else None: lists,
-    tuples and namedtuples, dicts, `OrderedDict`s and `defaultdict`s (by exact type:
-    a subclass is a leaf to JAX)."""
-    kind = type(value)
-    if (
-        kind is list
-        or kind is tuple
-        or (issubclass(kind, tuple) and hasattr(kind, "_fields"))
-    ):
-        return list(enumerate(value))
-    if kind in _DICT_TYPES:
-        return list(value.items())
-    return None
+@dataclasses.dataclass(frozen=True)
+class ContainerType:
+    """How AutoModule handles one built-in container type that JAX flattens as a
+    node: how its items are reached, how it is made again from new items, and, if
+    it can change in place, how a `Watch` records it (compared as a tuple, in C)."""
+
+    items: Callable[[Any], list[tuple[Hashable, Any]]]
+    rebuild: Callable[[Any, list[Any]], Any]
+    snapshot: Callable[[Any], Any] | None = None
+
+
+def _sequence_items(value: Any) -> list[tuple[Hashable, Any]]:
+    return list(enumerate(value))
+
+
+def _dict_items(value: Any) -> list[tuple[Hashable, Any]]:
+    return list(value.items())
+
+
+def _dict_snapshot(c: Any) -> tuple[Any, ...]:
+    return (tuple(c), tuple(c.values()))
+
+
+def _defaultdict_snapshot(c: Any) -> tuple[Any, ...]:
+    return (tuple(c), tuple(c.values()), c.default_factory)
+
+
+def _rebuilt_dict(kind: Callable[[dict], Any]) -> Callable[[Any, list[Any]], Any]:
+    return lambda value, items: kind(dict(zip(value.keys(), items)))
+
+
+# The container types, by exact type (a subclass is a leaf to JAX; namedtuples,
+# each its own type, share `_NAMEDTUPLE`). A new container type is one row here.
+CONTAINER_TYPES: Final[dict[type, ContainerType]] = {
+    list: ContainerType(_sequence_items, lambda _, items: items, tuple),
+    tuple: ContainerType(_sequence_items, lambda _, items: tuple(items)),
+    dict: ContainerType(_dict_items, _rebuilt_dict(dict), _dict_snapshot),
+    OrderedDict: ContainerType(_dict_items, _rebuilt_dict(OrderedDict), _dict_snapshot),
+    defaultdict: ContainerType(
+        _dict_items,
+        lambda value, items: defaultdict(
+            value.default_factory, dict(zip(value.keys(), items))
+        ),
+        _defaultdict_snapshot,
+    ),
+}
+_NAMEDTUPLE: Final = ContainerType(
+    _sequence_items, lambda value, items: type(value)(*items)
+)
+# Leaves to JAX that a change in place would still alter: watched, never walked.
+_WATCHED_LEAF_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {set: frozenset}
+
+
+def container_type(kind: type) -> ContainerType | None:
+    """The row of `CONTAINER_TYPES` for `kind`, None if JAX takes it for a leaf."""
+    row = CONTAINER_TYPES.get(kind)
+    if row is None and issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        return _NAMEDTUPLE
+    return row
+
+
+def container_items(value: Any) -> list[tuple[Hashable, Any]] | None:
+    """(key, item) pairs of a container JAX flattens as a node, else None."""
+    row = container_type(type(value))
+    return None if row is None else row.items(value)
 
 
 def _rebuilt(value: Any, items: list[Any]) -> Any:
     """`value`, a container, with these items: itself if none changed."""
     kind = type(value)
-    if kind is list or kind is tuple:
-        old = value
-    else:
-        old = value.values() if kind in _DICT_TYPES else value
+    old = value.values() if kind in _DICT_LIKE else value
     if all(map(operator.is_, items, old)):
         return value
-    if kind is list or kind is tuple:
-        return kind(items)
-    if kind in _DICT_TYPES:
-        pairs = dict(zip(value.keys(), items))
-        if kind is defaultdict:
-            return defaultdict(value.default_factory, pairs)
-        return pairs if kind is dict else OrderedDict(pairs)
-    return kind(*items)  # a namedtuple
+    row = container_type(kind)
+    assert row is not None  # only containers are rebuilt
+    return row.rebuild(value, items)
+
+
+def is_watched(kind: type) -> bool:
+    """Whether a change in place to a `kind` would alter the tree: watched."""
+    row = CONTAINER_TYPES.get(kind)
+    return kind in _WATCHED_LEAF_SNAPSHOTS or (
+        row is not None and row.snapshot is not None
+    )
+
+
+def _snapshot_of(kind: type) -> Callable[[Any], Any]:
+    row = CONTAINER_TYPES.get(kind)
+    if row is not None and row.snapshot is not None:
+        return row.snapshot
+    return _WATCHED_LEAF_SNAPSHOTS[kind]
+
+
+_DICT_LIKE: Final = frozenset(
+    kind for kind, row in CONTAINER_TYPES.items() if row.items is _dict_items
+)
 
 
 # Exact types met as items that are not containers (arrays, layers, functions,
@@ -97,7 +155,7 @@ def _leaf(
     item: Any, convert: Callable[[Any], Any] | None, watched: list[Any] | None
 ) -> Any:
     kind = type(item)
-    if kind is set:
+    if kind in _WATCHED_LEAF_SNAPSHOTS:
         if watched is not None:
             watched.append(item)
     else:
@@ -130,10 +188,10 @@ def walk(
         if convert is None:
             return value
         return _rebuilt(value, list(map(convert, value)))
-    items = _items(value)
+    items = container_items(value)
     if items is None:
         return _leaf(value, convert, watched)
-    if watched is not None and type(value) in _MUTABLE_NODE_TYPES:
+    if watched is not None and is_watched(type(value)):
         watched.append(value)
     # One entry per container being walked: (container, path, its items, new ones).
     stack = [(value, path, items, [])]
@@ -145,7 +203,7 @@ def walk(
             if type(item) in _NOT_CONTAINERS:
                 done.append(item)
                 continue
-            sub_items = _items(item)
+            sub_items = container_items(item)
             if sub_items is None:
                 done.append(_leaf(item, convert, watched))
                 continue
@@ -153,7 +211,7 @@ def walk(
             if id(item) in on_path:
                 raise _cycle_error(item_path)
             on_path.add(id(item))
-            if watched is not None and type(item) in _MUTABLE_NODE_TYPES:
+            if watched is not None and is_watched(type(item)):
                 watched.append(item)
             stack.append((item, item_path, sub_items, []))
             continue
@@ -170,24 +228,6 @@ def check_acyclic(value: Any, path: ContainerPath) -> None:
     through built-in containers from `value` contains itself. Builds nothing."""
     if type(value) not in _NOT_CONTAINERS:
         walk(value, path, None, None)
-
-
-def _dict_snapshot(c: Any) -> tuple[Any, ...]:
-    return (tuple(c), tuple(c.values()))
-
-
-def _defaultdict_snapshot(c: Any) -> tuple[Any, ...]:
-    return (tuple(c), tuple(c.values()), c.default_factory)
-
-
-# How a container is recorded, by exact type: its items, compared as a tuple.
-_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {
-    list: tuple,
-    dict: _dict_snapshot,
-    OrderedDict: _dict_snapshot,
-    defaultdict: _defaultdict_snapshot,
-    set: frozenset,
-}
 
 
 class Watch:
@@ -209,6 +249,6 @@ class Watch:
         # flatten as `snapshot(container) != record`.
         containers = []
         for c in met:
-            snapshot = _SNAPSHOTS[type(c)]
+            snapshot = _snapshot_of(type(c))
             containers.append((c, snapshot, snapshot(c)))
         self.containers = tuple(containers) or None

@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from . import _compat
+from ._containers import container_items
 
 _MAX_DEPTH = 4
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
@@ -102,6 +103,12 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
             ("the object of a bound method", value.__self__),
             ("a method", value.__func__),
         ]
+    items = container_items(value)  # the built-in containers JAX walks
+    if items is not None:
+        if isinstance(value, dict):
+            return [(f"key {k!r}", v) for k, v in items]
+        return [(f"element {i}", v) for i, v in items]
+    # Sets, and subclasses of the containers: leaves to JAX, searched all the same.
     if isinstance(value, (list, tuple, set, frozenset)):
         return [(f"element {i}", v) for i, v in enumerate(value)]
     if isinstance(value, dict):
