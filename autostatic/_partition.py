@@ -46,14 +46,12 @@ from ._layout import (
     layout_for,
     make_aux,
     materialise,
-    needs_exact_float,
     plain_split,
     PlainSplit,
     punch,
     real_layer,
     set_layer,
     set_partition,
-    snapshot_leaf,
     STATIC,
     static_tree,
     TWINNED,
@@ -61,6 +59,7 @@ from ._layout import (
 )
 from ._retrace import note_new_aux
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
+from ._static_values import needs_exact_float, snapshot_leaf
 from ._twins import is_twin_class, is_twinned_class, twin_class
 
 MISSING: Final = object()

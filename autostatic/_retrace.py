@@ -17,8 +17,9 @@ from typing import Any
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from ._layout import Aux, entry_value, STATIC, static_equal
+from ._layout import Aux, entry_value, STATIC
 from ._static_checks import warn_once
+from ._static_values import static_equal
 
 
 class RetraceWarning(UserWarning):

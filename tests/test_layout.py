@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._layout import Aux, Compared, make_aux, snapshot_leaf, StaticSequence
+from autostatic._layout import Aux, make_aux, StaticSequence
+from autostatic._static_values import Compared, snapshot_leaf
 
 
 class Pair(asx.AutoModule):

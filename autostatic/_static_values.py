@@ -1,0 +1,201 @@
+"""Static values as the aux data holds them: compared exactly, and shared.
+
+A static leaf goes into the aux as it is, unless `==` alone would not compare it as
+the jit cache must: a float or complex zero or NaN is held bit for bit (`ExactFloat`),
+a jaxpr as a program (`SameProgram`), a leaf whose `==` runs in Python behind a
+comparison that explains a failure (`Compared`), a set as a frozen copy (`SetValue`).
+Records are interned (`interned`), so that models built alike hold the same objects,
+which JAX compares by identity in C.
+"""
+
+import struct
+import types
+from collections.abc import Iterable
+from typing import Any
+
+from jax.extend.core import Jaxpr
+
+_interned: dict[Any, Any] = {}
+
+
+def _exact_under_eq(x: Any) -> bool:
+    """Whether `==` with an equal value of the same type says all there is to it:
+    not for a float or complex zero (the sign) or NaN (never equal)."""
+    kind = type(x)
+    if kind is float or kind is complex:
+        return not needs_exact_float(x)
+    if isinstance(x, tuple):
+        return all(map(_exact_under_eq, x))
+    return kind is not Compared
+
+
+def interned(record: Any) -> Any:
+    """One object per value for aux records (their small tuples, the records, a
+    node's whole aux), so that two models built alike hold the same objects, which
+    JAX compares by identity in C. A record holding a zero or NaN float, or a value
+    that cannot be hashed, is kept as it is."""
+    try:
+        if not all(map(_exact_under_eq, record)):
+            return record
+        found = _interned.get(record)
+    except TypeError:  # an unhashable item
+        return record
+    if found is None:
+        if len(_interned) >= 65536:  # bounded: the static values of a few models
+            _interned.clear()
+        found = _interned.setdefault(record, record)
+    return found
+
+
+def static_equal(a: Any, b: Any) -> bool:
+    """Static leaves as the jit cache compares them: the same type, then floats bit
+    for bit and jaxprs as programs (`_exact_form`), anything else with `==`."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    exact = _exact_form(a)
+    if exact is not a:
+        return exact == _exact_form(b)
+    return bool(a == b)
+
+
+class SetValue(frozenset):
+    """A set held as a static leaf: a frozen copy, so that mutating the attribute's
+    set cannot change a treedef JAX has cached. Reads back as a `set`."""
+
+    __slots__ = ()
+
+
+def needs_exact_float(x: float | complex) -> bool:
+    """A zero (`0.0 == -0.0`, yet `1 / x` differs) or NaN (never `==` itself): a
+    static value that `==` cannot compare exactly."""
+    return x == 0 or x != x
+
+
+class ExactFloat:
+    """A static float or complex zero or NaN, compared bit for bit: `-0.0` does not
+    share a compiled program with `0.0`, and a NaN reuses its own."""
+
+    __slots__ = ("value", "_bits")
+
+    def __init__(self, value: float | complex):
+        self.value = value
+        parts = (value.real, value.imag) if type(value) is complex else (value,)
+        self._bits = (type(value), struct.pack(f"<{len(parts)}d", *parts))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ExactFloat and self._bits == other._bits
+
+    def __hash__(self) -> int:
+        return hash(self._bits)
+
+    def __repr__(self) -> str:
+        return f"ExactFloat({self.value!r})"
+
+
+class Compared:
+    """A static leaf whose type's `==` runs in Python (and may raise): JAX compares
+    aux data on jit cache lookups, so a failing `==` is reported with its type and
+    the fix rather than as the user's own error from inside the jit call."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Compared:
+            return False
+        a, b = self.value, other.value
+        try:
+            return static_equal(a, b)
+        except Exception as err:
+            raise TypeError(
+                f"static values {a!r} and {b!r} of type {type(a).__name__} cannot "
+                f"be compared with == ({type(err).__name__}: {err}). JAX compares "
+                "static values to decide whether a compiled function can be reused. "
+                "Give the type a boolean __eq__, or store the data as a jax/numpy "
+                "array so that it becomes dynamic."
+            ) from err
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"Compared({self.value!r})"
+
+
+class SameProgram:
+    """A static `jax.core.Jaxpr` (a closure-converted function's program, as
+    `eqx.filter_closure_convert` holds it): equal to another that is the same program,
+    printed alike. A jaxpr has no `==` of its own, so each trace of the same function
+    would otherwise give a new static value and a new treedef (optimistix and lineax
+    compare such trees across traces, in `custom_jvp` and `lax.cond`)."""
+
+    __slots__ = ("value", "_text")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._text: str | None = None
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = str(self.value)
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not SameProgram:
+            return False
+        return self.value is other.value or self.text() == other.text()
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"SameProgram({self.value!r})"
+
+
+def _exact_form(leaf: Any) -> Any:
+    """The leaf as held where `==` alone would not compare it exactly: a float or
+    complex zero or NaN as an `ExactFloat`, a jaxpr as a `SameProgram`; else itself."""
+    kind = type(leaf)
+    if (kind is float or kind is complex) and needs_exact_float(leaf):
+        return ExactFloat(leaf)
+    if kind is Jaxpr:
+        return SameProgram(leaf)
+    return leaf
+
+
+def _compares_in_python(value: Any) -> bool:
+    return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
+
+
+def snapshot_leaf(leaf: Any) -> Any:
+    """What the aux holds for a static leaf: the leaf itself, a frozen copy of a set,
+    or a `Compared` for a leaf compared in Python."""
+    if type(leaf) is set:
+        return SetValue(leaf)
+    exact = _exact_form(leaf)
+    if exact is not leaf:
+        return exact
+    if _compares_in_python(leaf):
+        return Compared(leaf)
+    return leaf
+
+
+def natural_leaf(leaf: Any) -> Any:
+    kind = type(leaf)
+    if kind is SetValue:
+        return set(leaf)
+    if kind is Compared or kind is SameProgram or kind is ExactFloat:
+        return leaf.value
+    return leaf
+
+
+def natural_leaves(leaves: Iterable[Any]) -> list[Any]:
+    return list(map(natural_leaf, leaves))
