@@ -21,7 +21,8 @@ from typing import Any
 import jax.tree_util as jtu
 import numpy as np
 
-from ._checkpoint import (
+from ._compat import saved_by_tree_serialise_leaves
+from ._loading import (
     format_problems,
     InFlight,
     jax_dtype_problem,
@@ -29,7 +30,6 @@ from ._checkpoint import (
     read_array,
     template_shape_dtype,
 )
-from ._compat import saved_by_tree_serialise_leaves
 from ._partition import expose, is_dynamic_leaf
 from ._safetensors import (
     CheckpointError,

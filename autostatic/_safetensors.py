@@ -1,5 +1,6 @@
-"""The safetensors format: dtype tables, the header (written, and read with every field
-checked), and random-access reading of tensor bytes.
+"""The safetensors format: dtype tables, the file written (header length, header,
+tensor bytes) and its header read back with every field checked, and random-access
+reading of a file's bytes.
 
 Only the standard format is written, so other tools read our files; dtypes without a
 safetensors name travel as raw bytes (design.md, "Serialisation", has the layout).
@@ -29,6 +30,7 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_ENTRY_BYTES = 16 * 1024  # 64 dimensions of 20 digits, pretty-printed, fit easily
 MAX_METADATA_ENTRIES = 1024
 MAX_LISTED = 32  # keys named in one error message; the rest are counted
+_LENGTH_BYTES = 8  # the header length that starts a file: unsigned, little-endian
 _MAX_NDIM = 64  # numpy's own limit
 METADATA_DTYPES = "autostatic.dtypes"
 LITTLE_ENDIAN_HOST = sys.byteorder == "little"
@@ -83,7 +85,6 @@ class Storage:
     """How a dtype is stored: a safetensors dtype, plus a trailing axis if raw."""
 
     name: str  # safetensors dtype name
-    dtype: np.dtype  # its numpy dtype
     extra_axis: int | None  # trailing axis length for raw storage; None if none
     raw: bool  # recorded in __metadata__
 
@@ -101,11 +102,11 @@ def known_dtype_name(dtype: np.dtype) -> str | None:
 def storage_of(name: str) -> Storage:
     st_name = _SAFETENSORS_NAMES.get(name)
     if st_name is not None:
-        return Storage(st_name, FROM_SAFETENSORS[st_name], None, raw=False)
+        return Storage(st_name, None, raw=False)
     if name == "complex128":
-        return Storage("F64", np.dtype("float64"), 2, raw=True)
+        return Storage("F64", 2, raw=True)
     itemsize = KNOWN_DTYPES[name].itemsize
-    return Storage("U8", np.dtype("uint8"), itemsize if itemsize > 1 else None, True)
+    return Storage("U8", itemsize if itemsize > 1 else None, raw=True)
 
 
 def little_endian(dtype: np.dtype) -> np.dtype:
@@ -208,6 +209,42 @@ def encode_header(arrays: list[Planned]) -> tuple[bytes, list[int]]:
     return encoded + b" " * (-len(encoded) % 8), order
 
 
+def file_writer(
+    planned: list[Planned], arrays: list[Any]
+) -> Callable[[BinaryIO], None]:
+    """The writer of the file holding `arrays`, the array of each entry of `planned`:
+    the header length, the header, then the tensors' bytes in the order the header
+    gives. The header is encoded here, once, however often the writer runs."""
+    header, order = encode_header(planned)
+
+    def write(f: BinaryIO) -> None:
+        f.write(len(header).to_bytes(_LENGTH_BYTES, "little"))
+        f.write(header)
+        for i in order:
+            _write_tensor(f, planned[i].key, arrays[i], planned[i].nbytes)
+
+    return write
+
+
+def _write_tensor(f: BinaryIO, key: str, leaf: Any, nbytes: int) -> None:
+    """Writes the `nbytes` bytes of `leaf` as the file stores a tensor: little-endian,
+    C order, packed."""
+    # One array on the host at a time: a device array is copied here, then dropped.
+    array = np.asarray(leaf)
+    if array.dtype.byteorder == ">" or (
+        array.dtype.byteorder == "=" and not LITTLE_ENDIAN_HOST
+    ):
+        array = array.astype(little_endian(array.dtype))
+    flat = np.ascontiguousarray(array).reshape(-1)
+    if flat.nbytes != nbytes:
+        raise CheckpointError(
+            f"{show(key)} changed size while being saved ({nbytes} bytes "
+            f"planned, {flat.nbytes} found)."
+        )
+    if nbytes:
+        f.write(flat.view(np.uint8).data)
+
+
 # --------------------------------------------------------------------------- bytes
 
 
@@ -287,19 +324,21 @@ def open_source(file: PathOrFile) -> Iterator[Source]:
 
 @dataclasses.dataclass(frozen=True)
 class Tensor:
+    """A tensor of the file as it loads: its bytes are checked to fit the data section,
+    so only where they start is kept."""
+
     key: str
     dtype: np.dtype  # the array's dtype after loading
     shape: tuple[int, ...]  # the array's shape after loading
-    begin: int  # byte offsets in the data section
-    end: int
+    begin: int  # where its bytes start in the data section
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Header:
     """What `read_header` found: the wanted tensors, and the others by count."""
 
     tensors: dict[str, Tensor]  # the wanted tensors the file has
-    unwanted: list[Tensor]  # the first MAX_LISTED other tensors
+    unwanted: tuple[Tensor, ...]  # the first MAX_LISTED other tensors
     unwanted_count: int  # all other tensors; an estimate when not `complete`
     complete: bool  # False when reading stopped early (too many others)
     data_start: int  # where the data section starts in the source
@@ -308,36 +347,37 @@ class Header:
 def read_header(
     source: Source, wanted: Collection[str], max_unwanted: int | None
 ) -> Header:
-    """Reads and checks the header, parsing entries only as far as needed.
+    """Reads and checks the header length and the header, parsing entries only as far
+    as needed.
 
     `max_unwanted`: `None` stops once more than `MAX_LISTED` tensors outside `wanted`
     were met (the load will fail anyway; the rest is only counted); a number is a hard
     limit on such tensors, beyond which the file is refused.
     """
-    if source.size < 8:
+    if source.size < _LENGTH_BYTES:
         raise CheckpointError(
             f"{source.name} is not a valid safetensors file: it has {source.size} "
-            "bytes, fewer than the 8-byte header length. The file is truncated or "
-            "empty."
+            f"bytes, fewer than the {_LENGTH_BYTES}-byte header length. The file is "
+            "truncated or empty."
         )
-    header_len = int.from_bytes(source.read(0, 8, "the header length"), "little")
+    length = source.read(0, _LENGTH_BYTES, "the header length")
+    header_len = int.from_bytes(length, "little")
     if header_len > MAX_HEADER_BYTES:
         raise CheckpointError(
             f"{source.name} is not a valid safetensors file: its header claims "
             f"{header_len} bytes, over the {MAX_HEADER_BYTES}-byte limit. It is "
             "corrupt or not a safetensors file."
         )
-    if 8 + header_len > source.size:
+    data_start = _LENGTH_BYTES + header_len
+    if data_start > source.size:
         raise CheckpointError(
             f"{source.name} is not a valid safetensors file: its header claims "
-            f"{header_len} bytes but only {source.size - 8} follow. The file is "
-            "truncated or corrupt."
+            f"{header_len} bytes but only {source.size - _LENGTH_BYTES} follow. The "
+            "file is truncated or corrupt."
         )
-    raw = source.read(8, header_len, "the header")
-    parser = _HeaderParser(raw, source.size - 8 - header_len, source.name, wanted)
-    header = parser.parse(max_unwanted)
-    header.data_start = 8 + header_len
-    return header
+    raw = source.read(_LENGTH_BYTES, header_len, "the header")
+    parser = _HeaderParser(raw, data_start, source.size, source.name, wanted)
+    return parser.parse(max_unwanted)
 
 
 # Tokens of the header's JSON, matched on its bytes so that the header is never decoded
@@ -480,12 +520,12 @@ def _checked_entry(
 
 
 def _loaded_tensor(
-    key: str, st_name: str, shape: tuple[int, ...], offsets: tuple[int, int],
+    key: str, st_name: str, shape: tuple[int, ...], begin: int,
     raw_dtype: str | None, corrupt: Corrupt,
 ) -> Tensor:  # fmt: skip
     """The tensor as loaded: a raw-stored dtype restored from `__metadata__`."""
     if raw_dtype is None:
-        return Tensor(key, FROM_SAFETENSORS[st_name], shape, *offsets)
+        return Tensor(key, FROM_SAFETENSORS[st_name], shape, begin)
     true = KNOWN_DTYPES.get(raw_dtype)
     if true is None:
         raise corrupt(
@@ -503,18 +543,28 @@ def _loaded_tensor(
         )
     if storage.extra_axis is not None:
         shape = shape[:-1]
-    return Tensor(key, true, shape, *offsets)
+    return Tensor(key, true, shape, begin)
+
+
+# A checked tensor entry: its safetensors dtype, stored shape and where its bytes start.
+_Entry = tuple[str, tuple[int, ...], int]
 
 
 class _HeaderParser:
     """Walks the top-level JSON object of a safetensors header, entry by entry."""
 
     def __init__(
-        self, raw: bytearray, data_len: int, name: str, wanted: Collection[str]
+        self,
+        raw: bytearray,
+        data_start: int,
+        size: int,
+        name: str,
+        wanted: Collection[str],
     ) -> None:
-        self.raw, self.data_len, self.name, self.wanted = raw, data_len, name, wanted
-        self.found: dict[str, tuple[str, tuple[int, ...], tuple[int, int]]] = {}
-        self.listed: dict[str, tuple[str, tuple[int, ...], tuple[int, int]]] = {}
+        self.raw, self.name, self.wanted = raw, name, wanted
+        self.data_start, self.data_len = data_start, size - data_start
+        self.found: dict[str, _Entry] = {}
+        self.listed: dict[str, _Entry] = {}
         self.unwanted_count = 0
         # Begin, end and key position of every tensor, for the tiling check.
         self.spans = array.array("q")
@@ -536,7 +586,7 @@ class _HeaderParser:
                 # Only counted: the load fails anyway, and the message needs a number.
                 self.unwanted_count += self.raw.count(b'"data_offsets"', pos)
                 listed = self._loaded(self.listed, {})
-                return Header({}, [*listed.values()], self.unwanted_count, False, 0)
+                return self._header({}, listed, complete=False)
             pos, done = self._member(pos, max_unwanted)
         if _NOT_BLANK.search(self.raw, pos):
             raise self.corrupt(f"its header has data after the JSON object ({pos})")
@@ -544,7 +594,13 @@ class _HeaderParser:
         raw_dtypes = self._raw_dtypes()
         tensors = self._loaded(self.found, raw_dtypes)
         listed = self._loaded(self.listed, raw_dtypes)
-        return Header(tensors, [*listed.values()], self.unwanted_count, True, 0)
+        return self._header(tensors, listed, complete=True)
+
+    def _header(
+        self, tensors: dict[str, Tensor], listed: dict[str, Tensor], complete: bool
+    ) -> Header:
+        unwanted = tuple(listed.values())
+        return Header(tensors, unwanted, self.unwanted_count, complete, self.data_start)
 
     def _member(self, pos: int, max_unwanted: int | None) -> tuple[int, bool]:
         """Parses one `"key": value` at `pos`; returns where the next starts, and
@@ -603,11 +659,11 @@ class _HeaderParser:
         if key in self.found or key in self.listed:
             raise self.corrupt(f"the key {clip(key)} appears twice")
         if key in self.wanted:
-            self.found[key] = (st_name, shape, (begin, end))
+            self.found[key] = (st_name, shape, begin)
         else:
             self.unwanted_count += 1
             if len(self.listed) < MAX_LISTED:
-                self.listed[key] = (st_name, shape, (begin, end))
+                self.listed[key] = (st_name, shape, begin)
             if max_unwanted is not None and self.unwanted_count > max_unwanted:
                 raise self.corrupt(
                     f"it has more than {max_unwanted} tensors that the template does "
@@ -668,12 +724,12 @@ class _HeaderParser:
 
     def _loaded(
         self,
-        entries: dict[str, tuple[str, tuple[int, ...], tuple[int, int]]],
+        entries: dict[str, _Entry],
         raw_dtypes: dict[str, str],
     ) -> dict[str, Tensor]:
         return {
             key: _loaded_tensor(
-                key, st_name, shape, offsets, raw_dtypes.get(key), self.corrupt
+                key, st_name, shape, begin, raw_dtypes.get(key), self.corrupt
             )
-            for key, (st_name, shape, offsets) in entries.items()
+            for key, (st_name, shape, begin) in entries.items()
         }

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import autostatic._checkpoint as ckpt
+import autostatic._files as files
+import autostatic._loading as loading
 import autostatic._safetensors as st
 from autostatic import CheckpointError, load, save
 
@@ -245,7 +246,7 @@ def test_failed_save_leaves_the_earlier_file_intact(error, tmp_path, monkeypatch
     save(path, AutoMLP(2, 3, KEY))
     before = path.read_bytes()
     calls = []
-    original = ckpt._write_tensor
+    original = st._write_tensor
 
     def failing(f, key, leaf, nbytes):
         calls.append(key)
@@ -254,7 +255,7 @@ def test_failed_save_leaves_the_earlier_file_intact(error, tmp_path, monkeypatch
             raise error
         original(f, key, leaf, nbytes)
 
-    monkeypatch.setattr(ckpt, "_write_tensor", failing)
+    monkeypatch.setattr(st, "_write_tensor", failing)
     with pytest.raises(type(error)):
         save(path, AutoMLP(2, 3, jax.random.key(7)))
     assert len(calls) == 2
@@ -270,7 +271,7 @@ def test_a_full_disk_names_the_path_being_saved(tmp_path, monkeypatch):
     def no_space(f, key, leaf, nbytes):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(ckpt, "_write_tensor", no_space)
+    monkeypatch.setattr(st, "_write_tensor", no_space)
     with pytest.raises(OSError) as info:
         save(path, {"w": np.ones(3, np.float32)})
     assert info.value.errno == errno.ENOSPC
@@ -320,7 +321,7 @@ def test_durable_false_skips_both_fsyncs_and_stays_atomic(tmp_path, monkeypatch)
         f.write(b"\0" * 5)
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt, "_write_tensor", failing)
+    monkeypatch.setattr(st, "_write_tensor", failing)
     with pytest.raises(OSError, match="disk full"):
         save(path, {"a": np.zeros(5, np.float32)}, durable=False)
     assert path.read_bytes() == before
@@ -329,9 +330,9 @@ def test_durable_false_skips_both_fsyncs_and_stays_atomic(tmp_path, monkeypatch)
 
 def test_durable_saves_start_writing_each_chunk_to_disk(tmp_path, monkeypatch):
     started: list[tuple[int, int]] = []
-    monkeypatch.setattr(ckpt, "_WRITEBACK_CHUNK", 4096)
+    monkeypatch.setattr(files, "_WRITEBACK_CHUNK", 4096)
     monkeypatch.setattr(
-        ckpt, "_start_writeback", lambda: lambda fd, at, n: started.append((at, n))
+        files, "_start_writeback", lambda: lambda fd, at, n: started.append((at, n))
     )
     tree = {
         "big": np.arange(10_000, dtype=np.float32),  # about ten chunks, split inside
@@ -356,7 +357,7 @@ def test_durable_saves_start_writing_each_chunk_to_disk(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 def test_sync_file_range_is_found_and_harmless(tmp_path):
-    start = ckpt._start_writeback()
+    start = files._start_writeback()
     assert start is not None
     path = tmp_path / "f"
     with open(path, "wb") as f:
@@ -376,11 +377,11 @@ def test_sync_file_range_is_found_and_harmless(tmp_path):
 
 @pytest.mark.parametrize("nbytes", [0, 4, 1000, (2 << 20) - 4, 2 << 20, 5_000_004])
 def test_load_buffers_are_aligned_and_sized(nbytes):
-    array = ckpt._aligned_empty((nbytes // 4,), np.dtype(np.float32))
+    array = loading._aligned_empty((nbytes // 4,), np.dtype(np.float32))
     assert array.shape == (nbytes // 4,) and array.flags.writeable
-    assert array.ctypes.data % ckpt._ALIGNMENT == 0 or not nbytes
-    if nbytes >= ckpt._HUGE_PAGE and ckpt._MADV_HUGEPAGE is not None:
-        assert array.ctypes.data % ckpt._HUGE_PAGE == 0
+    assert array.ctypes.data % loading._ALIGNMENT == 0 or not nbytes
+    if nbytes >= loading._HUGE_PAGE and loading._MADV_HUGEPAGE is not None:
+        assert array.ctypes.data % loading._HUGE_PAGE == 0
     array[:] = 1.5  # the whole buffer is usable
     assert float(array.sum()) == 1.5 * (nbytes // 4)
 
@@ -431,9 +432,10 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     import numpy as np
-    import autostatic._checkpoint as ckpt
+    import autostatic
+    import autostatic._safetensors as st
 
-    original = ckpt._write_tensor
+    original = st._write_tensor
 
     def write_then_hang(f, key, leaf, nbytes):
         original(f, key, leaf, nbytes)
@@ -441,8 +443,8 @@ _CHILD = textwrap.dedent(
         print("writing", flush=True)
         time.sleep(600)  # killed here, in the middle of the save
 
-    ckpt._write_tensor = write_then_hang
-    ckpt.save(sys.argv[1], {"a": np.ones(1 << 20, np.float32), "b": np.ones(3, np.float16)})
+    st._write_tensor = write_then_hang
+    autostatic.save(sys.argv[1], {"a": np.ones(1 << 20, np.float32), "b": np.ones(3, np.float16)})
     """
 )
 
@@ -464,7 +466,7 @@ def _temps(folder: Path) -> list[str]:
     return [name for name in os.listdir(folder) if name.endswith(".tmp")]
 
 
-@pytest.mark.skipif(ckpt.fcntl is None, reason="needs POSIX advisory locks")
+@pytest.mark.skipif(files.fcntl is None, reason="needs POSIX advisory locks")
 def test_a_save_after_a_killed_save_leaves_no_temporary_file(tmp_path):
     path = tmp_path / "m.safetensors"
     for _ in range(2):
@@ -478,7 +480,7 @@ def test_a_save_after_a_killed_save_leaves_no_temporary_file(tmp_path):
     assert load(path, {"a": np.ones(2, np.float32)})["a"].tolist() == [0.0, 0.0]
 
 
-@pytest.mark.skipif(ckpt.fcntl is None, reason="needs POSIX advisory locks")
+@pytest.mark.skipif(files.fcntl is None, reason="needs POSIX advisory locks")
 def test_a_save_in_progress_elsewhere_keeps_its_temporary_file(tmp_path):
     path = tmp_path / "m.safetensors"
     child = _save_in_child(path)
