@@ -14,14 +14,7 @@ EXPLAINED: dict[str, str] = {}
 
 
 # Why a library is not in the results, where a run was tried and could not finish.
-NOT_RUN = {
-    "diffrax": (
-        "its items compile whole solves: a 40-item sample (every 36th item of each "
-        "file) with the three modes side by side got through 2 of its 22 test files in 45 "
-        "minutes on this 2-core machine (other jobs running), so a full report needs "
-        "several hours of the machine alone; not yet run"
-    ),
-}
+NOT_RUN: dict[str, str] = {}
 # The targets: the share of baseline-passing items that pass in each mode.
 TARGETS = {"b": 1.0, "b2": 0.95}
 

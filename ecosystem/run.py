@@ -37,9 +37,10 @@ from pathlib import Path
 LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
 # The sample taken by default: every K-th item of each file (at least one a file).
 # lineax's and optimistix's three modes take about 35 minutes on this 2-core machine
-# (lineax has 4215 items at about 3 s each); diffrax's items compile whole solves, and
-# its 40 items take more than an hour per mode.
-EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 36}
+# (lineax has 4215 items at about 3 s each); diffrax's items compile whole solves, so
+# it gets the first item of each file: 21 items, about 30 minutes with the three
+# modes side by side (`--jobs 3`).
+EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 1000}
 MODES = {
     "baseline": [],
     "b": ["-p", "autostatic.rebased", "--autostatic-rebase={packages}"],
