@@ -14,7 +14,6 @@ from ._compat import (
     creating_subclass,
     currently_initialising,
     has_dataclass_init,
-    install_flatten_generator,
     METHOD_IN_INIT_MESSAGE,
     ModuleMeta,
     skip_argument_walk,
@@ -22,6 +21,7 @@ from ._compat import (
     WRAPPER_FIELD_NAMES,
 )
 from ._containers import check_acyclic
+from ._hooks import install_hooks
 
 
 # Type checkers take a class built by a metaclass for a dataclass only when that
@@ -85,10 +85,7 @@ class _AutoModuleMeta(ModuleMeta):
         return obj
 
 
-# Called by Equinox's class creation, after dataclass processing.
-install_flatten_generator(
-    lambda cls: isinstance(cls, _AutoModuleMeta), _partition.flatten_functions
-)
+install_hooks(lambda cls: isinstance(cls, _AutoModuleMeta))
 
 
 class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):

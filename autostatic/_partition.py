@@ -30,7 +30,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
-from ._compat import install_flatten_generator, warn_if_transformed
+from ._compat import warn_if_transformed
 from ._containers import SCALAR_TYPES, walk, Watch
 from ._layout import (
     Aux,
@@ -475,14 +475,12 @@ def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:
 def flatten_functions(
     cls: type,
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """The flatten functions of a new AutoModule class; its unflatten notes the
-    static values it is traced with (`_retrace`)."""
+    """The flatten functions of a new AutoModule class, whose unflatten notes the
+    static values it is traced with (`_retrace`), or of a new twin class, whose
+    unflatten fills the attributes in at once."""
+    if is_twin_class(cls):
+        return layout_flatten_functions(cls, _refresh, filled=True)
     return layout_flatten_functions(cls, _refresh, on_new_aux=note_new_aux)
-
-
-install_flatten_generator(
-    is_twin_class, lambda cls: layout_flatten_functions(cls, _refresh, filled=True)
-)
 
 
 def decided(cls: type, attrs: Any) -> Any:

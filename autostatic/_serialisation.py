@@ -20,7 +20,6 @@ import jax.tree_util as jtu
 from ._compat import (
     original_tree_deserialise_leaves,
     original_tree_serialise_leaves,
-    route_serialisation,
 )
 from ._layout import has_partition
 from ._partition import decide_again, expose
@@ -64,4 +63,3 @@ def tree_deserialise_leaves(
 
 tree_serialise_leaves.__doc__ = original_tree_serialise_leaves.__doc__
 tree_deserialise_leaves.__doc__ = original_tree_deserialise_leaves.__doc__
-route_serialisation(tree_serialise_leaves, tree_deserialise_leaves)

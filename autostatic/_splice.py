@@ -26,7 +26,7 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._compat import original_combine, original_filter, route_splice
+from ._compat import original_combine, original_filter
 from ._layout import (
     fields_of,
     has_partition,
@@ -232,4 +232,3 @@ def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
 filter.__doc__ = original_filter.__doc__
 partition.__doc__ = eqx.partition.__doc__
 combine.__doc__ = original_combine.__doc__
-route_splice(filter, partition, combine)

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._compat import original_inference_mode, original_tree_at, route_surgery
+from ._compat import original_inference_mode, original_tree_at
 from ._layout import has_partition, real_layer, twins_as_attributes
 from ._partition import decide_again, expose, is_dynamic_leaf, twinned
 from ._twins import is_twin
@@ -103,7 +103,7 @@ def _twins_for(targets: Any, replace: Any) -> Any:
     return replace
 
 
-def _routed_tree_at(
+def routed_tree_at(
     where: Callable[[Any], Any],
     pytree: Any,
     replace: Any | Sequence[Any] = _sentinel,
@@ -165,12 +165,11 @@ def inference_mode(pytree: Any, value: bool = True) -> Any:
     return decide_again(original_inference_mode(expose(pytree), value))
 
 
-def _routed_inference_mode(pytree: Any, value: bool = True) -> Any:
+def routed_inference_mode(pytree: Any, value: bool = True) -> Any:
     if _contains_automodule(pytree):
         return inference_mode(pytree, value)
     return original_inference_mode(pytree, value)
 
 
-_routed_inference_mode.__doc__ = original_inference_mode.__doc__
-_routed_tree_at.__doc__ = original_tree_at.__doc__
-route_surgery(_routed_tree_at, _routed_inference_mode)
+routed_inference_mode.__doc__ = original_inference_mode.__doc__
+routed_tree_at.__doc__ = original_tree_at.__doc__
