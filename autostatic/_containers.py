@@ -126,19 +126,17 @@ def _rebuilt(value: Any, items: list[Any]) -> Any:
     return row.rebuild(value, items)
 
 
+# How a watched type is recorded: containers that can change in place, and the
+# watched leaves.
+_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {
+    **{kind: row.snapshot for kind, row in CONTAINER_TYPES.items() if row.snapshot},
+    **_WATCHED_LEAF_SNAPSHOTS,
+}
+
+
 def is_watched(kind: type) -> bool:
     """Whether a change in place to a `kind` would alter the tree: watched."""
-    row = CONTAINER_TYPES.get(kind)
-    return kind in _WATCHED_LEAF_SNAPSHOTS or (
-        row is not None and row.snapshot is not None
-    )
-
-
-def _snapshot_of(kind: type) -> Callable[[Any], Any]:
-    row = CONTAINER_TYPES.get(kind)
-    if row is not None and row.snapshot is not None:
-        return row.snapshot
-    return _WATCHED_LEAF_SNAPSHOTS[kind]
+    return kind in _SNAPSHOTS
 
 
 _DICT_LIKE: Final = frozenset(
@@ -249,6 +247,6 @@ class Watch:
         # flatten as `snapshot(container) != record`.
         containers = []
         for c in met:
-            snapshot = _snapshot_of(type(c))
+            snapshot = _SNAPSHOTS[type(c)]
             containers.append((c, snapshot, snapshot(c)))
         self.containers = tuple(containers) or None

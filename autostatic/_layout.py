@@ -64,10 +64,10 @@ class FieldSpec(NamedTuple):
     defaults: dict[str, Any]  # dataclass defaults, moved off the class
     # A twin of an Equinox layer (`_twins`), not an AutoModule.
     twin: bool
-    # Per tuple of field value types that are all plain (numbers, strings, jax
-    # arrays): the typed layout and the field positions of the children and of the
-    # static values, so such an instance is decided without a loop (`_partition`).
-    plain_splits: "dict[tuple[type, ...], PlainSplit | None]"  # None: not plain
+    # Per tuple of field value types: the split of instances whose fields are all
+    # plain (numbers, strings, None, jax arrays, lone layers), decided by one
+    # generated call (`_partition`); None where a type is not plain.
+    plain_splits: "dict[tuple[type, ...], PlainSplit | None]"
     # The field values of an instance's `__dict__`, in field order, as one tuple
     # (`KeyError` if one is unset).
     read: Callable[[dict[str, Any]], tuple[Any, ...]]

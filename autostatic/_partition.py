@@ -134,6 +134,13 @@ def _leaf_paths(value: Any) -> list[str]:
 _plain_array_types: set[type] = set()
 
 
+def _note_array_type(value: Any) -> None:
+    """Adds the type of `value` to `_plain_array_types` if it is an array type
+    (numpy arrays aside, whose dtype may be `object`)."""
+    if type(value) is not np.ndarray and _is_array(value):
+        _plain_array_types.add(type(value))
+
+
 def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None:
     """STATIC, CHILD or TWINNED for the values of type `kind` that need neither a
     walk nor checks (but see `_plain_kind` for floats), else None."""
@@ -183,8 +190,7 @@ def _to_twin(item: Any) -> Any:
         _object_getattribute(item, "__dict__")
     )
     set_layer(twin, item)
-    flat = _plain_split(twin, True)  # most layers: no walk, nothing to check
-    set_partition(twin, compute_partition(twin, final=True) if flat is None else flat)
+    freeze_partition(twin)  # most layers: a generated split, no walk
     return twin
 
 
@@ -249,8 +255,7 @@ def _split_field(
     if not forced_static and _all_decided(carried):
         return (TWINNED if twinned else CHILD), carried
     if _is_dynamic(carried, array_field):
-        if _is_array(carried) and type(carried) is not np.ndarray:
-            _plain_array_types.add(type(carried))
+        _note_array_type(carried)
         leaves, treedef = [carried], None
         flags = [True]
     else:
@@ -384,8 +389,7 @@ def _new_plain_split(
     """The split of these field types, or None if one of them is not plain; cached
     either way, as it follows from the types alone."""
     for value in values:  # an array type not met before is plain from now on
-        if type(value) is not np.ndarray and _is_array(value):
-            _plain_array_types.add(type(value))
+        _note_array_type(value)
     kinds = tuple(map(_type_kind, types, spec.declared_static, array_fields(cls)))
     if None in kinds:
         return spec.plain_splits.setdefault(types, None)

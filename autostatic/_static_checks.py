@@ -103,16 +103,17 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
             ("the object of a bound method", value.__self__),
             ("a method", value.__func__),
         ]
-    items = container_items(value)  # the built-in containers JAX walks
+    # The built-in containers JAX walks; sets and subclasses of the containers,
+    # leaves to JAX, are searched all the same.
+    items = container_items(value)
+    if items is None and isinstance(value, (list, tuple, set, frozenset)):
+        items = list(enumerate(value))
+    elif items is None and isinstance(value, dict):
+        items = list(value.items())
     if items is not None:
         if isinstance(value, dict):
             return [(f"key {k!r}", v) for k, v in items]
         return [(f"element {i}", v) for i, v in items]
-    # Sets, and subclasses of the containers: leaves to JAX, searched all the same.
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [(f"element {i}", v) for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        return [(f"key {k!r}", v) for k, v in value.items()]
     if isinstance(value, eqx.Module):
         leaves = jtu.tree_leaves(value)
         return [(f"a leaf of {type(value).__qualname__}", leaf) for leaf in leaves]
