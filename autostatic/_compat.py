@@ -143,6 +143,8 @@ def _check_equinox() -> None:
     ):
         if _unwrap(getattr(eqx, name, None)) is not _unwrap(getattr(module, name, 0)):
             problems.append(f"eqx.{name} is not {module.__name__}.{name}")
+    if type(vars(eqx.Module).get("__dict__")).__name__ != "getset_descriptor":
+        problems.append("eqx.Module no longer gives its instances a __dict__")
     closure_class = getattr(_eqx_closure_to_pytree, "_Closure", object)
     closure_call = _unwrap(vars(closure_class).get("__call__"))
     if not hasattr(_eqx_closure_to_pytree, "_FunctionWithEquality") or (
@@ -170,6 +172,11 @@ _check_equinox()
 # `_check_equinox` has verified each of these private names above.
 ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
+# Replaces the `__dict__` of an `eqx.Module` instance (a C call): a twin and its layer
+# share one attribute dict.
+set_module_attributes: Callable[[Any, dict[str, Any]], None] = vars(eqx.Module)[
+    "__dict__"
+].__set__
 
 
 # The true `_has_dataclass_init` of the classes whose entry `skip_argument_walk` set

@@ -4,8 +4,8 @@ An AutoModule's attributes are the very objects `__init__` assigned: plain lists
 dicts, tuples and sets, of their own types. The pytree node keeps its decided
 `(children, aux)` beside them, so a later in-place change of a container
 (`m.layers.append(x)`, `list.append(m.layers, x)`, `heapq.heappush(m.q, x)`) must
-be noticed: a `Watch` records every mutable container the fields reach through
-built-in containers, item by item, and the node's flatten decides the partition
+be noticed: `watched_containers` records every mutable container the fields reach
+through built-in containers, item by item, and the node's flatten decides the partition
 afresh when one has changed. Eager code and `jax.jit` then see the same values.
 """
 
@@ -52,7 +52,7 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
 class ContainerType:
     """How AutoModule handles one built-in container type that JAX flattens as a
     node: how its items are reached, how it is made again from new items, and, if
-    it can change in place, how a `Watch` records it (compared as a tuple, in C)."""
+    it can change in place, how `watched_containers` records it (compared as a tuple, in C)."""
 
     items: Callable[[Any], list[tuple[Hashable, Any]]]
     rebuild: Callable[[Any, list[Any]], Any]
@@ -149,6 +149,12 @@ _DICT_LIKE: Final = frozenset(
 _leaf_types: set[type] = set(_NOT_CONTAINERS)
 
 
+def known_leaf_types() -> set[type]:
+    """The exact types known not to be containers (grown as they are met): a value of
+    one reaches no container."""
+    return _leaf_types
+
+
 def _leaf(
     item: Any, convert: Callable[[Any], Any] | None, watched: list[Any] | None
 ) -> Any:
@@ -228,25 +234,22 @@ def check_acyclic(value: Any, path: ContainerPath) -> None:
         walk(value, path, None, None)
 
 
-class Watch:
-    """What a node's partition was decided from: the field values (in the class's
-    field order; a node's flatten compares them by identity) and the items of every
-    list, dict and set they reach through built-in containers.
+ContainerRecords = tuple[tuple[Any, Callable[[Any], Any], Any], ...]
 
-    The containers are compared as tuples of their items, in C: identical items are
-    equal without calling `==`, so an unchanged container costs a pointer comparison
-    per item. (An item replaced by another that compares equal with `==` passes for
-    the same item: the partition then holds the old, equal value.)
+
+def watched_containers(met: "Sequence[Any]") -> ContainerRecords | None:
+    """The record of each list, dict and set in `met` (those a node's field values
+    reach through built-in containers): `(container, snapshot, snapshot(container))`,
+    which the node's flatten compares as `snapshot(container) != record`; None if
+    there are none.
+
+    A container is recorded as a tuple of its items, compared in C: identical items
+    are equal without calling `==`, so an unchanged container costs a pointer
+    comparison per item. (An item replaced by another that compares equal with `==`
+    passes for the same item: the partition then holds the old, equal value.)
     """
-
-    __slots__ = ("values", "containers")
-
-    def __init__(self, values: tuple[Any, ...], met: "Sequence[Any]"):
-        self.values = values
-        # (container, how it is recorded, the record): compared by the node's
-        # flatten as `snapshot(container) != record`.
-        containers = []
-        for c in met:
-            snapshot = _SNAPSHOTS[type(c)]
-            containers.append((c, snapshot, snapshot(c)))
-        self.containers = tuple(containers) or None
+    records = []
+    for c in met:
+        snapshot = _SNAPSHOTS[type(c)]
+        records.append((c, snapshot, snapshot(c)))
+    return tuple(records) or None

@@ -2,10 +2,13 @@
 
 An AutoModule instance (and a twin of an Equinox layer, `_twins`) keeps its attribute
 values in `__dict__`, exactly as assigned, and its decided pytree form in the slot of
-`Partitioned`: `(children, aux, watch)`. Flatten returns `(children, aux)` after
-`watch` (`_containers.Watch`) confirms the attributes still hold what the partition
-was decided from; unflatten creates the instance and fills the slot only, and the
-attributes are made from it on first access (`materialise`).
+`Partitioned`: `(children, aux, values, containers)`. Flatten returns `(children,
+aux)` after checking that the attributes are still `values`, by identity, and that
+no list, dict or set they reach changed in place (`containers`, from
+`_containers.watched_containers`); unflatten creates the instance and fills the slot
+only (`values` None: nothing to check), and the attributes are made from it on first
+access (`materialise`). A twin shares its attribute dict with the layer it stands
+for, so a change of the layer's attributes is seen by the twin's flatten.
 
 Each field is of one kind:
 
@@ -34,7 +37,13 @@ from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
 
-from ._containers import walk, Watch
+from ._compat import set_module_attributes as _set_attributes
+from ._containers import (
+    ContainerRecords,
+    known_leaf_types,
+    walk,
+    watched_containers,
+)
 from ._static_values import (
     interned,
     natural_leaf,
@@ -50,9 +59,10 @@ CHILD_KINDS: Final = (CHILD, TWINNED, HOLED)
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
+_leaf_types = known_leaf_types()
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
-_SLOT: Final = "_autostatic_flat"  # the instance slot holding `(children, aux, watch)`
+_SLOT: Final = "_autostatic_flat"  # the instance slot holding a `Flat`
 TWIN_OF: Final = "_autostatic_twin_of"  # class attribute of a twin: its layer class
 
 
@@ -151,6 +161,7 @@ class Layout:
         "untyped",
         "typed",
         "fill",
+        "materialise",
         "last_aux",
     )
 
@@ -183,7 +194,10 @@ class Layout:
         self.static_types = static_types
         self.untyped: Layout = self
         self.typed: dict[tuple[type, ...], Layout] = {}
+        # Generated on first use: the unflatten of a twin of this layout, and the
+        # filling in of an AutoModule's attributes.
         self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
+        self.materialise: Callable[..., None] | None = None
         # The aux of the node of this layout last unflattened (`_retrace`).
         self.last_aux: Aux | None = None
 
@@ -216,8 +230,8 @@ class PlainSplit(NamedTuple):
     # Whether a child is a layer to twin, which a provisional partition (made while
     # `__init__` runs) does not do.
     twins: bool
-    # `(children, aux, watch)` from the field values and a watch, in one call.
-    flat: "Callable[[tuple[Any, ...], Watch | None], Flat]"
+    # The `Flat` of the field values, in one call.
+    flat: "Callable[[tuple[Any, ...]], Flat]"
 
 
 def plain_split(layout: "Layout", to_twin: Callable[[Any], Any]) -> PlainSplit:
@@ -234,8 +248,8 @@ def plain_split(layout: "Layout", to_twin: Callable[[Any], Any]) -> PlainSplit:
     static = [i for i, kind in enumerate(kinds) if kind == STATIC]
     picked_static = "".join(f"values[{i}], " for i in static)
     source = (
-        "def flat(values, watch):\n"
-        f"    return ({picked_children}), new(Aux, (layout, {picked_static})), watch\n"
+        "def flat(values):\n"
+        f"    return ({picked_children}), new(Aux, (layout, {picked_static})), values, None\n"
     )
     namespace = {"new": tuple.__new__, "Aux": Aux, "layout": layout, "twin": to_twin}
     exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
@@ -301,8 +315,8 @@ class StaticTree(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        treedef, _, twinned, *leaves = self
-        value = treedef.unflatten(natural_leaves(leaves))
+        treedef, types, twinned = self[:3]
+        value = treedef.unflatten(natural_leaves(self[3:], types))
         return untwin(value) if twinned else value
 
 
@@ -313,8 +327,7 @@ class StaticSequence(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        kind, _, *leaves = self
-        return kind(natural_leaves(leaves))
+        return self[0](natural_leaves(self[2:], self[1]))
 
 
 def static_tree(
@@ -371,23 +384,22 @@ class Holes(tuple):
     def value(self, child: Any) -> Any:
         """The attribute value of `child`: its holes filled again. A child whose
         structure a tree_map with `is_leaf` changed is kept as it is."""
-        _, _, twinned, unseen, *leaves = self
+        _, types, twinned, unseen = self[:4]
         treedef, at = unseen.treedef, unseen.at
+        leaves = natural_leaves(self[4:], types)
         if type(treedef) is type:  # a flat list or tuple: its items are the parts
             if type(child) is not treedef:
                 return self._slow_value(child)
-            parts = list(child)
-            if twinned and not _keeps_twins():
-                parts = [real_layer(x) if type(x) in twin_classes else x for x in parts]
+            parts = untwin(list(child)) if twinned else list(child)
             for i, leaf in zip(at, leaves):
-                parts[i] = natural_leaf(leaf)
+                parts[i] = leaf
             return parts if treedef is list else tuple(parts)
         try:
             parts = treedef.flatten_up_to(child)
         except (ValueError, TypeError):
             return self._slow_value(child)
         for i, leaf in zip(at, leaves):
-            parts[i] = natural_leaf(leaf)
+            parts[i] = leaf
         value = treedef.unflatten(parts)
         return untwin(value) if twinned else value
 
@@ -489,22 +501,31 @@ def entry_value(entry: Any) -> Any:
 twin_classes: dict[type, type] = {}
 
 
+def register_twin_class(twin: type, layer_class: type) -> None:
+    twin_classes[twin] = layer_class
+    _leaf_types.add(twin)  # walked as an item, never into
+
+
 def real_layer(twin: Any) -> Any:
-    """The `eqx.nn` layer a twin stands for: the one it was made from, or a new one
-    with the twin's attribute values (a twin's unflatten fills them in at once)."""
+    """The `eqx.nn` layer a twin stands for: the one it was made from or unflattened
+    with, or (for a twin made by calling its class) a new one sharing its attributes."""
     try:
-        layer = _get_layer(twin)
-    except AttributeError:  # a twin made by calling its class
-        layer = None
-    if layer is None:
-        cls = type(twin)
-        layer = _object_new(twin_classes[cls])
-        attrs = _object_getattribute(twin, "__dict__")
-        if fields_of(cls).names[:1] and fields_of(cls).names[0] not in attrs:
-            attrs = materialise(twin)
-        _object_getattribute(layer, "__dict__").update(attrs)
-        _set_layer(twin, layer)
+        return _get_layer(twin)
+    except AttributeError:
+        pass
+    cls = type(twin)
+    layer = _object_new(twin_classes[cls])
+    _set_attributes(layer, materialise(twin))
+    _set_layer(twin, layer)
     return layer
+
+
+def share_attributes(twin: Any, layer: Any) -> None:
+    """Makes `layer`'s own `__dict__` the twin's: one dict, so that a change of the
+    layer's attributes, even by `object.__setattr__`, is the twin's too (its flatten
+    then decides again), and no attribute is copied."""
+    _set_attributes(twin, _object_getattribute(layer, "__dict__"))
+    _set_layer(twin, layer)
 
 
 def _real_if_twin(x: Any) -> Any:
@@ -512,6 +533,9 @@ def _real_if_twin(x: Any) -> Any:
 
 
 _surgery = threading.local()  # .keeps_twins: inside `twins_as_attributes`
+# How many threads are inside `twins_as_attributes`: while none is, reading the
+# thread-local flag (slow next to the rest of an attribute fill-in) is skipped.
+_surgeries = [0]
 
 
 @contextlib.contextmanager
@@ -521,22 +545,38 @@ def twins_as_attributes() -> Iterator[None]:
     pytree. Only for trees made for the surgery and discarded after it."""
     before = getattr(_surgery, "keeps_twins", False)
     _surgery.keeps_twins = True
+    _surgeries[0] += 1
     try:
         yield
     finally:
+        _surgeries[0] -= 1
         _surgery.keeps_twins = before
 
 
 def _keeps_twins() -> bool:
-    return getattr(_surgery, "keeps_twins", False)
+    return _surgeries[0] > 0 and getattr(_surgery, "keeps_twins", False)
 
 
-def untwin(value: Any, met: list[Any] | None = None) -> Any:
+def untwin(value: Any) -> Any:
     """`value` with every twin reachable through built-in containers replaced by its
-    layer: what the attribute holds. The containers met are added to `met`."""
-    if _keeps_twins():
-        return walk(value, (), None, met)
-    return walk(value, (), _real_if_twin, met)
+    layer: what the attribute holds."""
+    if _surgeries[0] and _keeps_twins():
+        return value
+    kind = type(value)
+    if kind is list or kind is tuple:
+        # A flat list of layers (and other leaves), the most common: no walk.
+        types = set(map(type, value))
+        items = None
+        try:
+            if types <= twin_classes.keys():  # layers only: read in C
+                items = list(map(_get_layer, value))
+            elif _leaf_types.issuperset(types):
+                items = [_get_layer(x) if type(x) in twin_classes else x for x in value]
+        except AttributeError:  # a twin made by calling its class
+            pass
+        if items is not None:
+            return items if kind is list else tuple(items)
+    return walk(value, (), _real_if_twin, None)
 
 
 class Partitioned:
@@ -556,17 +596,15 @@ _set_flat = Partitioned._autostatic_flat.__set__  # pyright: ignore[reportAttrib
 _get_layer = TwinBase._autostatic_layer.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 _set_layer = TwinBase._autostatic_layer.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 
-Flat = tuple[tuple[Any, ...], Aux, Watch | None]
+# `(children, aux, values, containers)`: the node's pytree form, and the field values
+# it was decided from (None for a node not yet filled in) with the records of the
+# containers they reach, which flatten checks.
+Flat = tuple[tuple[Any, ...], Aux, tuple[Any, ...] | None, ContainerRecords | None]
 
 
 def set_partition(obj: Any, flat: Flat) -> None:
-    """Stores `(children, aux, watch)` of a node whose partition has been decided."""
+    """Stores the `Flat` of a node whose partition has been decided."""
     _set_flat(obj, flat)
-
-
-def set_layer(twin: Any, layer: Any) -> None:
-    """Records the layer a twin was made from."""
-    _set_layer(twin, layer)
 
 
 def has_stored_partition(obj: Any) -> bool:
@@ -580,7 +618,7 @@ def has_stored_partition(obj: Any) -> bool:
 
 def partition_of(obj: Any) -> tuple[tuple[Any, ...], Aux]:
     """The stored `(children, aux)` of a decided node, as it is."""
-    children, aux, _ = _get_flat(obj)
+    children, aux, _, _ = _get_flat(obj)
     return children, aux
 
 
@@ -590,7 +628,7 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     # intermediate trees (gradients, optimiser updates, in_axes specs) are mostly
     # never looked into.
     obj = _object_new(cls)
-    _set_flat(obj, (children, aux, None))
+    _set_flat(obj, (children, aux, None, None))
     return obj
 
 
@@ -601,79 +639,128 @@ def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     return obj
 
 
-def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
-    """An unflatten for nodes of a plain `layout` that fills the attributes in at once,
-    as Equinox's generated unflatten does; generated for the layout's field names, so
-    that each attribute is one dict store (no loop, no `zip`)."""
-    stores = [
-        f"    attrs[{n!r}] = children[{i}]" for i, n in enumerate(layout.child_names)
-    ]
+def _attribute_code(layout: Layout) -> tuple[list[str], list[str], str, str]:
+    """Source lines that compute the attribute values of a node of `layout` from
+    `children` and `aux` into locals (`v0`, `v1`, ...), their field names, and the
+    expressions of the `Flat`'s values and container records."""
+    names = [f.name for f in dataclasses.fields(layout.cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
+    child_at = {n: i for i, n in enumerate(layout.child_names)}
+    entry_at = {n: j for j, n in enumerate(layout.entry_names)}
     types = layout.static_types or ()
-    stores += [
-        f"    attrs[{n!r}] = aux[{i + 1}]"
-        if i < len(types) and types[i] in _RAW_ENTRY_TYPES
-        else f"    attrs[{n!r}] = natural(aux[{i + 1}])"
-        for i, n in enumerate(layout.entry_names)
-    ]
-    source = "\n".join(
-        [
-            "def unflatten(cls, aux, children):",
-            "    obj = new(cls)",
-            "    set_flat(obj, (children, aux, None))",
-            "    set_layer(obj, None)",
-            "    attrs = get_attribute(obj, '__dict__')",
-            *stores,
-            "    return obj",
+    lines, reaching = [], []
+    for i, (name, kind) in enumerate(zip(names, layout.kinds)):
+        raw = False  # a value that is no container and reaches none
+        if kind in (CHILD, TWINNED):
+            value = f"children[{child_at[name]}]"
+            value = f"untwin({value})" if kind == TWINNED else value
+        else:
+            j = entry_at[name]
+            if kind == HOLED:
+                value = f"aux[{j + 1}].value(children[{layout.entry_child[j]}])"
+            elif j < len(types) and types[j] in _RAW_ENTRY_TYPES:
+                value, raw = f"aux[{j + 1}]", True
+            else:
+                value = f"natural(aux[{j + 1}])"
+        lines.append(f"    v{i} = {value}")
+        if not raw:
+            reaching.append(f"v{i}")
+    if reaching:
+        lines.append("    met = []")
+        lines += [
+            f"    if type({v}) not in leaf_types: walk({v}, (), None, met)"
+            for v in reaching
         ]
-    )
+        containers = "watched_containers(met) if met else None"
+    else:
+        containers = "None"
+    values = "(" + "".join(f"v{i}, " for i in range(len(names))) + ")"
+    return lines, names, values, containers
+
+
+def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., Any]:
     namespace = {
         "new": _object_new,
         "set_flat": _set_flat,
         "set_layer": _set_layer,
+        "set_attributes": _set_attributes,
         "get_attribute": _object_getattribute,
+        "untwin": untwin,
         "natural": entry_value,
+        "leaf_types": known_leaf_types(),
+        "walk": walk,
+        "watched_containers": watched_containers,
     }
-    exec(compile(source, f"<autostatic unflatten of {layout!r}>", "exec"), namespace)
-    return namespace["unflatten"]
+    if kind == "unflatten":
+        namespace["layer_class"] = twin_classes[layout.cls]
+    name = f"<autostatic {kind} of {layout!r}>"
+    exec(compile("\n".join(source), name, "exec"), namespace)
+    return namespace[kind]
 
 
-def _unflatten_twin_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
-    obj = unflatten(cls, aux, children)
-    _set_layer(obj, None)
-    materialise(obj)
-    return obj
+def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
+    """The unflatten of twins of `layout`: it makes the twin and the layer it stands
+    for, sharing one attribute dict filled at once (as Equinox's generated unflatten
+    fills its module's), and records the values for the twin's flatten to check;
+    generated for the layout's fields, so that each is a few stores (no loop)."""
+    lines, names, values, containers = _attribute_code(layout)
+    stores = [f"    attrs[{n!r}] = v{i}" for i, n in enumerate(names)]
+    source = [
+        "def unflatten(cls, aux, children):",
+        *lines,
+        "    obj = new(cls)",
+        "    layer = new(layer_class)",
+        f"    set_flat(obj, (children, aux, {values}, {containers}))",
+        "    set_layer(obj, layer)",
+        "    attrs = get_attribute(layer, '__dict__')",
+        *stores,
+        "    set_attributes(obj, attrs)",
+        "    return obj",
+    ]
+    return _generated(layout, "unflatten", source)
+
+
+def _generated_materialise(layout: Layout) -> Callable[..., None]:
+    """What `materialise` does for an AutoModule of `layout`: fills its attributes in
+    from `(children, aux)` and records them for its flatten to check."""
+    lines, names, values, containers = _attribute_code(layout)
+    stored = ", ".join(f"{n!r}: v{i}" for i, n in enumerate(names))
+    source = [
+        "def materialise(obj, attrs, children, aux):",
+        *lines,
+        f"    set_flat(obj, (children, aux, {values}, {containers}))",
+        # One `update` from a complete dict: another thread reading the instance
+        # at the same time sees either no field or every field.
+        f"    attrs.update({{{stored}}})",
+    ]
+    return _generated(layout, "materialise", source)
 
 
 # Entry types that are their own attribute value (no `SetValue`, `Compared` or
-# `StaticTree` to unwrap): the unflatten generated for a layout stores them as they are.
+# `StaticTree` to unwrap) and reach no container.
 _RAW_ENTRY_TYPES: Final = frozenset({int, float, bool, str, complex, bytes, type(None)})
 
 
 def unflatten_filled(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
-    """Unflatten of twins, filling the attributes in at once: with code generated
-    for the node's layout when it is plain, else through `materialise`."""
+    """Unflatten of twins, filling the attributes in at once, with code generated
+    for the node's layout."""
     layout = aux[0]
     fill = layout.fill
     if fill is None:
-        fill = layout.fill = (
-            _generated_fill(layout) if layout.plain else _unflatten_twin_eager
-        )
+        fill = layout.fill = _generated_fill(layout)
     return fill(cls, aux, children)
 
 
 _FLATTEN_SOURCE: Final = """
 def flatten(obj):
     try:
-        children, aux, watch = get_flat(obj)
+        children, aux, v, containers = get_flat(obj)
     except AttributeError:
         return refresh(obj)
-    if watch is None:
+    if v is None:
         return children, aux
-    v = watch.values
     d = get_attribute(obj, "__dict__")
     try:
         if {checks}True:
-            containers = watch.containers
             if containers is None:
                 return children, aux
             for c, snapshot, items in containers:
@@ -722,7 +809,7 @@ def _noting_new_aux(
             obj = base(cls, aux, children)
         else:  # the lazy unflatten, inline: it runs for every node of every tree_map
             obj = _object_new(cls)
-            _set_flat(obj, (children, aux, None))
+            _set_flat(obj, (children, aux, None, None))
         layout = aux[0]
         if layout.last_aux is not aux:
             layout.last_aux = aux
@@ -793,30 +880,6 @@ def needs_eager(cls: type) -> bool:
     )
 
 
-def natural_attrs(
-    children: tuple[Any, ...], aux: Aux, met: list[Any] | None = None
-) -> dict[str, Any]:
-    """The attribute values a node's `(children, aux)` stands for; the containers in
-    them are added to `met`."""
-    layout = aux.layout
-    attrs = {}
-    for name, kind, child in zip(layout.child_names, layout.child_kinds, children):
-        if kind == TWINNED:
-            attrs[name] = untwin(child, met)
-        else:
-            attrs[name] = child
-            if met is not None:
-                walk(child, (), None, met)
-    for name, kind, at, entry in zip(
-        layout.entry_names, layout.entry_kinds, layout.entry_child, aux.entries
-    ):
-        value = entry_value(entry) if kind == STATIC else entry.value(children[at])
-        attrs[name] = value
-        if met is not None:
-            walk(value, (), None, met)
-    return attrs
-
-
 def materialise(obj: Any) -> dict[str, Any]:
     """Returns the `__dict__` of `obj` with every field filled in."""
     attrs = _object_getattribute(obj, "__dict__")
@@ -826,19 +889,12 @@ def materialise(obj: Any) -> dict[str, Any]:
     # `functools.cached_property`) may have arrived first.
     if names and names[0] not in attrs:
         try:
-            children, aux, _ = _get_flat(obj)
+            children, aux, _, _ = _get_flat(obj)
         except AttributeError:  # still in __init__, before anything was assigned
             return attrs
-        # One `update` from a complete dict: another thread reading the instance
-        # at the same time sees either no field or every field, never a
-        # half-filled instance.
-        if spec.twin:
-            attrs.update(natural_attrs(children, aux))
-            return attrs
-        met: list[Any] = []
-        natural = natural_attrs(children, aux, met)
-        # From now on the attributes can be changed in place: watch them.
-        watch = Watch(tuple(natural[n] for n in names), met)
-        _set_flat(obj, (children, aux, watch))
-        attrs.update(natural)
+        layout = aux[0]
+        fill = layout.materialise
+        if fill is None:
+            fill = layout.materialise = _generated_materialise(layout)
+        fill(obj, attrs, children, aux)
     return attrs

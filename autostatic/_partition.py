@@ -2,9 +2,9 @@
 
 The partition is decided when construction ends (`freeze_partition`) from the
 attribute values, which stay exactly as assigned, and is carried in the aux data from
-then on (`_layout`): every later flatten reads it back (after its `Watch` has checked
-that no container changed in place; if one did, it is decided again from the values
-as they are), and every unflatten only puts values where it says. Nothing is decided
+then on (`_layout`): every later flatten reads it back (after checking that no
+attribute was replaced and no container changed in place; if one was, it is decided
+again from the values as they are), and every unflatten only puts values where it says. Nothing is decided
 from an unflattened instance's values: unflattening with `None`s, in_axes ints,
 shardings or sentinels keeps the structure (deciding again at every flatten is what
 inox abandoned).
@@ -31,7 +31,7 @@ import numpy as np
 
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
 from ._compat import warn_if_transformed
-from ._containers import SCALAR_TYPES, walk, Watch
+from ._containers import SCALAR_TYPES, walk, watched_containers
 from ._layout import (
     Aux,
     CHILD,
@@ -50,8 +50,8 @@ from ._layout import (
     PlainSplit,
     punch,
     real_layer,
-    set_layer,
     set_partition,
+    share_attributes,
     STATIC,
     static_tree,
     TWINNED,
@@ -186,10 +186,7 @@ def _to_twin(item: Any) -> Any:
     if twin_cls is None:
         return item
     twin = _object_new(twin_cls)
-    _object_getattribute(twin, "__dict__").update(
-        _object_getattribute(item, "__dict__")
-    )
-    set_layer(twin, item)
+    share_attributes(twin, item)
     freeze_partition(twin)  # most layers: a generated split, no walk
     return twin
 
@@ -380,7 +377,7 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
     for i in split.inexact:
         if needs_exact_float(values[i]):
             return None  # decided field by field, so that it is held exactly
-    return split.flat(values, None if spec.twin else Watch(values, ()))
+    return split.flat(values)
 
 
 def _new_plain_split(
@@ -443,8 +440,8 @@ def _decide(obj: Any, final: bool) -> Flat:
             (entries if kind == STATIC else children).append(part)
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
-    watch = None if spec.twin else Watch(tuple(values), met)
-    return tuple(children), make_aux(layout, tuple(entries)), watch
+    aux = make_aux(layout, tuple(entries))
+    return tuple(children), aux, tuple(values), watched_containers(met)
 
 
 def _unset_value(cls: type, name: str, defaults: dict[str, Any]) -> Any:
@@ -469,7 +466,7 @@ def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:
     """The partition of an instance whose stored one no longer holds (a container
     of its changed in place), or that has none yet (still in `__init__`)."""
     if not has_stored_partition(obj):
-        children, aux, _ = compute_partition(obj, final=False)
+        children, aux, _, _ = compute_partition(obj, final=False)
         return children, aux
     flat = compute_partition(obj, final=True)
     set_partition(obj, flat)

@@ -15,9 +15,17 @@ import types
 from typing import Any
 
 import jax.tree_util as jtu
+from equinox import is_array
 from jax.core import Tracer
 
-from ._layout import Aux, entry_value, STATIC
+from ._layout import (
+    Aux,
+    entry_value,
+    has_stored_partition,
+    is_partitioned_class,
+    partition_of,
+    STATIC,
+)
 from ._static_checks import warn_once
 from ._static_values import static_equal
 
@@ -63,7 +71,31 @@ def note_new_aux(cls: type, aux: Aux, children: tuple[Any, ...]) -> None:
 
 
 def _is_traced(children: tuple[Any, ...]) -> bool:
+    # While tracing, JAX unflattens from tracers only: the first leaf tells, and is
+    # found without flattening the rest (blocks that differ in a static name each
+    # bring a new aux to every unflatten).
+    first = _first_leaf(children)
+    if first is not None and is_array(first):
+        return isinstance(first, Tracer)
     return any(isinstance(x, Tracer) for x in jtu.tree_leaves(children))
+
+
+def _first_leaf(tree: Any) -> Any:
+    """The first leaf of `tree` through lists, tuples and the stored children of
+    AutoModules and twins; None if there is none or another node comes first."""
+    while True:
+        kind = type(tree)
+        if kind is list or kind is tuple:
+            for item in tree:
+                if item is not None:
+                    tree = item
+                    break
+            else:
+                return None
+        elif is_partitioned_class(kind) and has_stored_partition(tree):
+            tree = partition_of(tree)[0]
+        else:
+            return tree
 
 
 def _note(cls: type, aux: Aux) -> None:

@@ -11,7 +11,7 @@ which JAX compares by identity in C.
 import struct
 import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Final
 
 from jax.extend.core import Jaxpr
 
@@ -188,6 +188,10 @@ def snapshot_leaf(leaf: Any) -> Any:
     return leaf
 
 
+# The types of static leaves that hold a value other than themselves.
+HOLDER_TYPES: Final = frozenset({SetValue, Compared, SameProgram, ExactFloat})
+
+
 def natural_leaf(leaf: Any) -> Any:
     kind = type(leaf)
     if kind is SetValue:
@@ -197,5 +201,9 @@ def natural_leaf(leaf: Any) -> Any:
     return leaf
 
 
-def natural_leaves(leaves: Iterable[Any]) -> list[Any]:
+def natural_leaves(leaves: Iterable[Any], types: Iterable[type] = ()) -> list[Any]:
+    """The values of static `leaves`; `types`, if given, are theirs: when none is a
+    holder, the leaves are their own values."""
+    if types and HOLDER_TYPES.isdisjoint(types):
+        return list(leaves)
     return list(map(natural_leaf, leaves))

@@ -32,7 +32,7 @@ from ._layout import (
     is_automodule_class,
     prepare_class,
     real_layer,
-    twin_classes,
+    register_twin_class,
     TWIN_OF as _TWIN_OF,
     TwinBase,
 )
@@ -108,5 +108,5 @@ def _make_twin_class(cls: type) -> type:
     # its call for the flatten functions (claimed by `is_twin_class`).
     twin = type(cls)(cls.__name__, (cls, TwinBase), namespace)
     prepare_class(twin, twin=True)
-    twin_classes[twin] = cls
+    register_twin_class(twin, cls)
     return twin

@@ -207,3 +207,58 @@ def test_namedtuple_field_is_a_node_not_watched():
     assert jax.tree_util.tree_leaves(m) == [m.w]
     assert type(m.optim) is type(optax.adam(1e-3))
     assert jax.jit(lambda m: m.w * 2)(m).tolist() == [2.0, 2.0]
+
+
+def make_holder(base):
+    class Holder(base):
+        linear: eqx.nn.Linear
+        mlp: eqx.nn.MLP
+        layers: list
+
+    return Holder
+
+
+def holder(base):
+    key = jax.random.key(0)
+    return make_holder(base)(
+        eqx.nn.Linear(2, 2, key=key),
+        eqx.nn.MLP(2, 2, 4, 1, key=key),
+        [eqx.nn.Linear(2, 2, key=key)],
+    )
+
+
+def _round_trip(model):
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+@pytest.mark.parametrize("made", ["constructed", "unflattened"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: object.__setattr__(m.linear, "weight", jnp.full((2, 2), 3.0)),
+        lambda m: object.__setattr__(m.mlp.layers[0], "bias", jnp.full(4, 2.0)),
+        lambda m: m.layers.append(eqx.nn.Linear(2, 2, key=jax.random.key(1))),
+    ],
+    ids=["layer-bypass", "nested-layer-bypass", "layers-append"],
+)
+def test_a_change_inside_a_held_layer_is_seen_as_in_the_eqx_module(made, change):
+    # An eqx.Module's flatten reads its layers' attributes as they are; so does the
+    # AutoModule's, whether the model was constructed or is the result of a tree
+    # operation (what `jax.jit` returns, what an optimiser update gives).
+    ours, theirs = holder(asx.AutoModule), holder(eqx.Module)
+    if made == "unflattened":
+        ours, theirs = _round_trip(ours), _round_trip(theirs)
+    change(ours)
+    change(theirs)
+
+    def total(m):
+        return sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(m) if eqx.is_array(x))
+
+    assert float(total(ours)) == float(total(theirs))
+    assert float(jax.jit(total)(ours)) == float(total(theirs))
+    ours_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(ours)[0]]
+    theirs_paths = [
+        p for p, x in jax.tree_util.tree_flatten_with_path(theirs)[0] if eqx.is_array(x)
+    ]
+    assert ours_paths == theirs_paths
