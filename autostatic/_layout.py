@@ -373,11 +373,12 @@ class _Unseen:
 
 class Holes(tuple):
     """The non-array leaves of a HOLED field: `(positions, leaf types, twinned,
-    unseen, *leaves)`. The child holds `None` in their places; flattened with `None`
-    as a leaf, `positions` are the holes among its leaves. `unseen` holds the whole
-    value's treedef (`list` or `tuple` for a flat one), where the holes are among its
-    leaves and their key paths: uncompared, as the child's treedef and `positions`
-    fix them."""
+    unseen, *leaves)`. The child holds `None` in their places: `positions` are the
+    holes among its items, for a list or tuple whose non-array leaves are items
+    (`list` or `tuple` in `unseen`), else among its leaves when it is flattened with
+    `None` as a leaf. `unseen` holds the whole value's treedef, where the holes are
+    among its leaves and their key paths: uncompared, as the child's treedef and
+    `positions` fix them."""
 
     __slots__ = ()
 
@@ -464,10 +465,16 @@ _MARK: Final = object()  # stands in a hole while its position is found
 
 
 def punch(
-    treedef: Any, leaves: list[Any], flags: list[bool], twinned: bool
+    value: Any, treedef: Any, leaves: list[Any], flags: list[bool], twinned: bool
 ) -> tuple[Any, Holes]:
-    """The child of a value with these leaves (`flags`: which are arrays): the value
-    with `None` in place of each other leaf, and the `Holes` that put them back."""
+    """The child of `value`, whose leaves are `leaves` (`flags`: which are arrays):
+    the value with `None` in place of each other leaf, and the `Holes` that put them
+    back."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        punched = _punch_items(value, treedef, flags, twinned)
+        if punched is not None:
+            return punched
     marked = treedef.unflatten([x if f else _MARK for x, f in zip(leaves, flags)])
     parts = jtu.tree_flatten(marked, is_leaf=_is_none)[0]
     positions = tuple(i for i, x in enumerate(parts) if x is _MARK)
@@ -476,15 +483,43 @@ def punch(
     keyed, outer = jtu.tree_flatten_with_path(marked, is_leaf=has_partition)
     at = tuple(i for i, (_, x) in enumerate(keyed) if x is _MARK)
     paths = tuple(path for path, x in keyed if x is _MARK)
-    kind = type(marked)
-    if (kind is list or kind is tuple) and outer.num_nodes == len(marked) + 1:
-        outer = kind  # every item a leaf there: filled back in item by item
     child = treedef.unflatten([x if f else None for x, f in zip(leaves, flags)])
     static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
+    return child, _holes(
+        interned(positions), static, twinned, _unseen(outer, at, paths)
+    )
+
+
+def _punch_items(
+    value: list[Any] | tuple[Any, ...], treedef: Any, flags: list[bool], twinned: bool
+) -> tuple[Any, Holes] | None:
+    """`punch` for a list or tuple whose non-array leaves are items of its own (a
+    block's `[Linear, relu, Linear]`), its holes given as item positions; None if a
+    non-array leaf is deeper. The items that hold arrays stay the very objects."""
+    child = list(value)
+    at, static = [], []
+    leaf = 0
+    for i, sub in enumerate(treedef.children()):
+        n = sub.num_leaves
+        if n == 1 and sub.num_nodes == 1:  # the item is a leaf
+            if not flags[leaf]:
+                child[i] = None
+                at.append(i)
+                static.append(snapshot_leaf(value[i]))
+        elif not all(flags[leaf : leaf + n]):
+            return None
+        leaf += n
+    positions = interned(tuple(at))
+    paths = tuple((jtu.SequenceKey(i),) for i in positions)
+    holes = _holes(positions, static, twinned, _unseen(type(value), positions, paths))
+    return (child if type(value) is list else tuple(child)), holes
+
+
+def _holes(
+    positions: tuple[int, ...], static: list[Any], twinned: bool, unseen: _Unseen
+) -> Holes:
     types = interned(tuple(map(type, static)))
-    positions = interned(positions)
-    record = (positions, types, twinned, _unseen(outer, at, paths), *static)
-    return child, interned(Holes(record))
+    return interned(Holes((positions, types, twinned, unseen, *static)))
 
 
 def entry_value(entry: Any) -> Any:

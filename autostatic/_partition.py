@@ -279,7 +279,7 @@ def _split_field(
         if leaves and jtu.treedef_is_leaf(treedef):
             return STATIC, snapshot_leaf(value)
         return STATIC, static_tree(value, treedef, leaves, twinned)
-    return HOLED, punch(treedef, leaves, flags, twinned)
+    return HOLED, punch(carried, treedef, leaves, flags, twinned)
 
 
 # Exact types whose instances flatten to dynamic leaves only: arrays of the types in

@@ -157,3 +157,24 @@ def test_closure_converted_functions_of_one_program_give_one_treedef(base):
         np.testing.assert_allclose(
             jax.jit(lambda h: h.fn(jnp.ones(2)))(b), 3 * jnp.sin(1.0)
         )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [None, jax.nn.relu, jnp.ones(2)],
+        (jnp.ones(2), None, "name", None, eqx.nn.Linear(2, 2, key=KEY), 3),
+        [None, [jnp.ones(1), None], jax.nn.relu],
+    ],
+    ids=["none-before-function", "tuple-with-layer", "nested-list-item"],
+)
+def test_none_items_keep_their_places_in_a_mixed_list(value):
+    # A `None` item is an empty node, not a leaf: the holes left for the static
+    # items must still be put back at their own places.
+    model = Box(value, 0)
+    for made in (
+        jax.tree_util.tree_map(lambda x: x, model),
+        jax.jit(lambda m: m)(model),
+    ):
+        _same_value(made.value, value)
+        assert [type(x) for x in made.value] == [type(x) for x in value]
