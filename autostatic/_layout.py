@@ -32,7 +32,7 @@ import dataclasses
 import operator
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
@@ -225,8 +225,9 @@ class Layout:
 
 class PlainSplit(NamedTuple):
     layout: "Layout"  # typed
-    # Static float or complex fields: a zero or NaN there is held as `ExactFloat`.
-    inexact: tuple[int, ...]
+    # Static float or complex fields, as (field, entry) positions: a zero or NaN
+    # there is held as `ExactFloat`.
+    inexact: tuple[tuple[int, int], ...]
     # Whether a child is a layer to twin, which a provisional partition (made while
     # `__init__` runs) does not do.
     twins: bool
@@ -234,11 +235,18 @@ class PlainSplit(NamedTuple):
     flat: "Callable[[tuple[Any, ...]], Flat]"
 
 
-def plain_split(layout: "Layout", to_twin: Callable[[Any], Any]) -> PlainSplit:
+def plain_split(
+    layout: "Layout",
+    to_twin: Callable[[Any], Any],
+    sequences: tuple[int, ...] = (),
+    to_sequence: Callable[[Any], Any] | None = None,
+) -> PlainSplit:
     """The split of the instances whose field types make `layout` (typed; CHILD,
     TWINNED and STATIC fields only), with a generated function that picks the
     children (twinning the layers of TWINNED fields) and aux entries out of the
-    field values: most `eqx.nn` layers, and modules holding them, are decided by it."""
+    field values: most `eqx.nn` layers, and modules holding them, are decided by it.
+    The tuples at `sequences` (a shape, a kernel size) become their aux entries by
+    `to_sequence`, which raises if one holds anything but scalars."""
     kinds = layout.kinds
     picked_children = "".join(
         f"twin(values[{i}]), " if kind == TWINNED else f"values[{i}], "
@@ -246,16 +254,25 @@ def plain_split(layout: "Layout", to_twin: Callable[[Any], Any]) -> PlainSplit:
         if kind != STATIC
     )
     static = [i for i, kind in enumerate(kinds) if kind == STATIC]
-    picked_static = "".join(f"values[{i}], " for i in static)
+    picked_static = "".join(
+        f"sequence(values[{i}]), " if i in sequences else f"values[{i}], "
+        for i in static
+    )
     source = (
         "def flat(values):\n"
         f"    return ({picked_children}), new(Aux, (layout, {picked_static})), values, None\n"
     )
-    namespace = {"new": tuple.__new__, "Aux": Aux, "layout": layout, "twin": to_twin}
+    namespace = {
+        "new": tuple.__new__,
+        "Aux": Aux,
+        "layout": layout,
+        "twin": to_twin,
+        "sequence": to_sequence,
+    }
     exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
     inexact = tuple(
-        i
-        for i, kind in zip(static, layout.static_types or ())
+        (i, j)
+        for j, (i, kind) in enumerate(zip(static, layout.static_types or ()))
         if kind is float or kind is complex
     )
     return PlainSplit(layout, inexact, TWINNED in kinds, namespace["flat"])
@@ -335,11 +352,19 @@ def static_tree(
 ) -> StaticTree | StaticSequence:
     """The aux entry of a static `value` with structure."""
     leaves = [snapshot_leaf(x) for x in leaves]
-    types = interned(tuple(map(type, leaves)))
+    types = tuple(map(type, leaves))
     kind = type(value)
     if (kind is list or kind is tuple) and treedef.num_nodes == len(value) + 1:
-        return interned(StaticSequence((kind, types, *leaves)))
-    return interned(StaticTree((treedef, types, twinned, *leaves)))
+        return static_sequence(kind, types, leaves)
+    return interned(StaticTree((treedef, interned(types), twinned, *leaves)))
+
+
+def static_sequence(
+    kind: type, types: tuple[type, ...], leaves: "Iterable[Any]"
+) -> StaticSequence:
+    """The aux entry of a static list or tuple (`kind`) of leaves already held as
+    the aux holds them (`snapshot_leaf`), of these types."""
+    return interned(StaticSequence((kind, interned(types), *leaves)))
 
 
 def _is_none(x: Any) -> bool:

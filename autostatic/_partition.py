@@ -31,7 +31,7 @@ import numpy as np
 
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
 from ._compat import warn_if_transformed
-from ._containers import SCALAR_TYPES, walk, watched_containers
+from ._containers import is_watched, SCALAR_TYPES, walk, watched_containers
 from ._layout import (
     Aux,
     CHILD,
@@ -53,7 +53,9 @@ from ._layout import (
     set_partition,
     share_attributes,
     STATIC,
+    static_sequence,
     static_tree,
+    StaticSequence,
     TWINNED,
     unflatten,
 )
@@ -141,13 +143,20 @@ def _note_array_type(value: Any) -> None:
         _plain_array_types.add(type(value))
 
 
+# A tuple taken for a tuple of scalars in a plain split (STATIC in its layout).
+_SEQUENCE: Final = -1
+
+
 def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None:
     """STATIC, CHILD or TWINNED for the values of type `kind` that need neither a
-    walk nor checks (but see `_plain_kind` for floats), else None."""
+    walk nor checks (but see `_plain_kind` for floats), `_SEQUENCE` for a tuple
+    (static if it holds scalars only), else None."""
     if kind in SCALAR_TYPES:
         if array_field and kind in NUMBER_TYPES and not forced_static:
             return CHILD  # initial loop state: `num_steps: IntScalarLike = 0`
         return STATIC  # the sizes and flags of every layer
+    if kind is tuple and (forced_static or not array_field):
+        return _SEQUENCE  # a shape, a kernel size
     if forced_static:
         return None
     if kind in _plain_array_types or kind is NoneType:
@@ -277,9 +286,29 @@ def _split_field(
     assert treedef is not None  # a lone array is a child
     if n_dynamic == 0:
         if leaves and jtu.treedef_is_leaf(treedef):
+            _note_static_leaf_type(value)
             return STATIC, snapshot_leaf(value)
         return STATIC, static_tree(value, treedef, leaves, twinned)
     return HOLED, punch(carried, treedef, leaves, flags, twinned)
+
+
+# Exact types whose instances are static leaves whatever their value: JAX leaves that
+# are neither arrays, numbers nor containers (functions, activation objects). A field
+# holding one needs its checks only, no walk and no flatten.
+_static_leaf_types: set[type] = set()
+
+
+def _note_static_leaf_type(value: Any) -> None:
+    kind = type(value)
+    if not (
+        kind in SCALAR_TYPES
+        or is_watched(kind)
+        or isinstance(value, (np.ndarray, np.generic))
+        or _is_array(value)
+        or stands_for_array(value)
+        or _twin_class_of(kind) is not None
+    ):
+        _static_leaf_types.add(kind)
 
 
 # Exact types whose instances flatten to dynamic leaves only: arrays of the types in
@@ -374,10 +403,25 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
         split = _new_plain_split(type(obj), spec, values, types)
     if split is None or (split.twins and not final):
         return None
-    for i in split.inexact:
+    try:
+        flat = split.flat(values)
+    except _NotScalars:  # a tuple of other values: these types take the general path
+        spec.plain_splits[types] = None
+        return None
+    for i, _ in split.inexact:
         if needs_exact_float(values[i]):
-            return None  # decided field by field, so that it is held exactly
-    return split.flat(values)
+            return _held_exactly(flat, split.inexact)
+    return flat
+
+
+def _held_exactly(flat: Flat, inexact: tuple[tuple[int, int], ...]) -> Flat:
+    """`flat` with each float or complex zero or NaN among its entries held as an
+    `ExactFloat` (a `Dropout(0.0)`'s `p`), under the layout of those entry types."""
+    children, aux, values, containers = flat
+    entries = list(aux.entries)
+    for _, j in inexact:
+        entries[j] = snapshot_leaf(entries[j])
+    return children, make_aux(aux.layout, tuple(entries)), values, containers
 
 
 def _new_plain_split(
@@ -390,9 +434,48 @@ def _new_plain_split(
     kinds = tuple(map(_type_kind, types, spec.declared_static, array_fields(cls)))
     if None in kinds:
         return spec.plain_splits.setdefault(types, None)
+    sequences = tuple(i for i, k in enumerate(kinds) if k == _SEQUENCE)
+    kinds = tuple(STATIC if k == _SEQUENCE else k for k in kinds)
     layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
-    typed = layout.with_types(tuple(t for t, k in zip(types, kinds) if k == STATIC))
-    return spec.plain_splits.setdefault(types, plain_split(typed, _to_twin))
+    static_types = tuple(
+        StaticSequence if i in sequences else t
+        for i, (t, k) in enumerate(zip(types, kinds))
+        if k == STATIC
+    )
+    split = plain_split(
+        layout.with_types(static_types), _to_twin, sequences, _scalars_entry
+    )
+    return spec.plain_splits.setdefault(types, split)
+
+
+class _NotScalars(Exception):
+    """A tuple in a plain split holds something other than Python scalars."""
+
+
+def _scalars_entry(value: tuple[Any, ...]) -> Any:
+    entry = _scalar_sequence(value, False)
+    if entry is None:
+        raise _NotScalars
+    return entry
+
+
+def _scalar_sequence(value: Any, array_field: bool) -> Any:
+    """The aux entry of a list or tuple of Python scalars (a shape, sizes, names),
+    which is static whole; None for any other value, and in a field annotated to
+    hold arrays, where numbers are leaves."""
+    kind = type(value)
+    if kind is not tuple and kind is not list:
+        return None
+    types = tuple(map(type, value))
+    if not SCALAR_TYPES.issuperset(types):
+        return None
+    if array_field and not NUMBER_TYPES.isdisjoint(types):
+        return None
+    if (float in types or complex in types) and any(
+        needs_exact_float(x) for x in value if type(x) in (float, complex)
+    ):
+        return None  # held as `ExactFloat`s, by the general path
+    return static_sequence(kind, types, value)
 
 
 def _decide(obj: Any, final: bool) -> Flat:
@@ -421,6 +504,18 @@ def _decide(obj: Any, final: bool) -> Flat:
         if plain in (CHILD, STATIC):  # a layer is twinned by `_split_field`
             (children if plain == CHILD else entries).append(value)
             kinds.append(plain)
+            continue
+        if type(value) in _static_leaf_types:  # a function: checked, static
+            _check_leaves(cls, f"{qualname}.{name}", value, [value], [False], final)
+            entries.append(snapshot_leaf(value))
+            kinds.append(STATIC)
+            continue
+        sequence = _scalar_sequence(value, array_field and not forced_static)
+        if sequence is not None:  # sizes, a shape, names: no walk, no flatten
+            entries.append(sequence)
+            kinds.append(STATIC)
+            if type(value) is list:
+                met.append(value)
             continue
         try:
             kind, part = _split_field(

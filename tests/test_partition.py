@@ -565,3 +565,43 @@ def test_static_floats_compare_bit_for_bit(wrap):
     f(Scaled(w, wrap(nan)))  # a NaN reuses its own program
     assert len(traces) == 3
     assert math.copysign(1.0, first(Scaled(w, wrap(-0.0)).z)) == -1.0
+
+
+def test_a_tuple_field_is_static_when_it_holds_scalars_only():
+    # Tuples of scalars (a shape, a kernel size) are decided from their types by
+    # the split cached per class; a tuple of other values takes the general path.
+    class Shaped(asx.AutoModule):
+        w: jax.Array
+        shape: tuple
+
+    class Loose(asx.AutoModule):
+        w: jax.Array
+        shape: tuple[float | jax.Array, ...]  # numbers here are leaves
+
+    w = jnp.ones(2)
+    first = Shaped(w, (2, 3))
+    assert jax.tree_util.tree_leaves(first) == [w]
+    held = Shaped(w, (jnp.zeros(1), 3))
+    assert keystrs(held) == [".w", ".shape[0]"]
+    again = Shaped(w, (2, 3))
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(first)
+    assert jax.tree_util.tree_structure(Shaped(w, (2.0, 3))) != (
+        jax.tree_util.tree_structure(first)
+    )
+    assert jax.tree_util.tree_structure(Shaped(w, (-0.0,))) != (
+        jax.tree_util.tree_structure(Shaped(w, (0.0,)))
+    )
+    assert keystrs(Loose(w, (1.0, 2.0))) == [".w", ".shape[0]", ".shape[1]"]
+    assert jax.jit(lambda m: m.w * m.shape[1])(again).tolist() == [3.0, 3.0]
+
+
+def test_a_held_layer_with_a_zero_float_is_held_exactly():
+    class Net(asx.AutoModule):
+        dropout: eqx.nn.Dropout
+
+    zero, minus_zero = Net(eqx.nn.Dropout(0.0)), Net(eqx.nn.Dropout(-0.0))
+    structure = jax.tree_util.tree_structure
+    assert structure(zero) != structure(minus_zero)
+    assert structure(zero) == structure(Net(eqx.nn.Dropout(0.0)))
+    assert structure(zero) == structure(jax.tree_util.tree_map(lambda x: x, zero))
+    assert structure(Net(eqx.nn.Dropout(0.5))) != structure(zero)

@@ -294,3 +294,15 @@ def test_subclasses_inherit_the_generated_init():
     assert (g.a, g.c) == (1, "x") and jax.tree_util.tree_leaves(g) == [g.b]
     with pytest.raises(TypeError):
         Child(1)  # b is required
+
+
+def test_every_class_holding_a_function_with_a_hidden_array_warns():
+    # Function fields are recognised as static by their type once one has been
+    # decided; each later one is still checked.
+    def scale_by(w):
+        return lambda x: x * w
+
+    for name in ("First", "Second"):
+        cls = type(name, (asx.AutoModule,), {"__annotations__": {"f": Any}})
+        with pytest.warns(UserWarning, match=rf"{name}\.f holds an array in closure"):
+            cls(scale_by(jnp.ones(2)))
