@@ -354,8 +354,8 @@ def static_tree(
     leaves = [snapshot_leaf(x) for x in leaves]
     types = tuple(map(type, leaves))
     kind = type(value)
-    if (kind is list or kind is tuple) and treedef.num_nodes == len(value) + 1:
-        return static_sequence(kind, types, leaves)
+    if (kind is list or kind is tuple) and len(leaves) == treedef.num_nodes - 1:
+        return static_sequence(kind, types, leaves)  # every item a leaf (not None)
     return interned(StaticTree((treedef, interned(types), twinned, *leaves)))
 
 

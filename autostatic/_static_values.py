@@ -9,6 +9,7 @@ which JAX compares by identity in C.
 """
 
 import struct
+import threading
 import types
 from collections.abc import Iterable
 from typing import Any, Final
@@ -18,6 +19,12 @@ from jax.extend.core import Jaxpr
 _interned: dict[Any, Any] = {}
 
 
+# The ids of the records in `_interned`, which keeps them alive: each is exact under
+# `==` (`_exact_under_eq`), so a record holding one needs no look inside it.
+_interned_ids: set[int] = set()
+_interning = threading.Lock()
+
+
 def _exact_under_eq(x: Any) -> bool:
     """Whether `==` with an equal value of the same type says all there is to it:
     not for a float or complex zero (the sign) or NaN (never equal)."""
@@ -25,7 +32,7 @@ def _exact_under_eq(x: Any) -> bool:
     if kind is float or kind is complex:
         return not needs_exact_float(x)
     if isinstance(x, tuple):
-        return all(map(_exact_under_eq, x))
+        return id(x) in _interned_ids or all(map(_exact_under_eq, x))
     return kind is not Compared
 
 
@@ -41,9 +48,12 @@ def interned(record: Any) -> Any:
     except TypeError:  # an unhashable item
         return record
     if found is None:
-        if len(_interned) >= 65536:  # bounded: the static values of a few models
-            _interned.clear()
-        found = _interned.setdefault(record, record)
+        with _interning:  # an id in `_interned_ids` is always of a record held
+            if len(_interned) >= 65536:  # bounded: the static values of a few models
+                _interned.clear()
+                _interned_ids.clear()
+            found = _interned.setdefault(record, record)
+            _interned_ids.add(id(found))
     return found
 
 

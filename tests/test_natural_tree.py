@@ -165,8 +165,16 @@ def test_closure_converted_functions_of_one_program_give_one_treedef(base):
         [None, jax.nn.relu, jnp.ones(2)],
         (jnp.ones(2), None, "name", None, eqx.nn.Linear(2, 2, key=KEY), 3),
         [None, [jnp.ones(1), None], jax.nn.relu],
+        [None, jax.nn.relu],
+        (3, None, "x"),
     ],
-    ids=["none-before-function", "tuple-with-layer", "nested-list-item"],
+    ids=[
+        "none-before-function",
+        "tuple-with-layer",
+        "nested-list-item",
+        "static-list",
+        "static-tuple",
+    ],
 )
 def test_none_items_keep_their_places_in_a_mixed_list(value):
     # A `None` item is an empty node, not a leaf: the holes left for the static
