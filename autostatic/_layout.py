@@ -497,7 +497,7 @@ def punch(
     back."""
     kind = type(value)
     if kind is list or kind is tuple:
-        punched = _punch_items(value, treedef, flags, twinned)
+        punched = _punch_items(value, leaves, flags, twinned)
         if punched is not None:
             return punched
     marked = treedef.unflatten([x if f else _MARK for x, f in zip(leaves, flags)])
@@ -516,27 +516,37 @@ def punch(
 
 
 def _punch_items(
-    value: list[Any] | tuple[Any, ...], treedef: Any, flags: list[bool], twinned: bool
+    value: list[Any] | tuple[Any, ...],
+    leaves: list[Any],
+    flags: list[bool],
+    twinned: bool,
 ) -> tuple[Any, Holes] | None:
     """`punch` for a list or tuple whose non-array leaves are items of its own (a
     block's `[Linear, relu, Linear]`), its holes given as item positions; None if a
     non-array leaf is deeper. The items that hold arrays stay the very objects."""
     child = list(value)
     at, static = [], []
-    leaf = 0
-    for i, sub in enumerate(treedef.children()):
-        n = sub.num_leaves
-        if n == 1 and sub.num_nodes == 1:  # the item is a leaf
-            if not flags[leaf]:
-                child[i] = None
-                at.append(i)
-                static.append(snapshot_leaf(value[i]))
-        elif not all(flags[leaf : leaf + n]):
+    i = 0
+    for leaf, flag in zip(leaves, flags):
+        if flag:
+            continue
+        # Leaves come in item order: this one is the next item that is it, unless
+        # it sits deeper, inside an item (then no later item is it, or the item
+        # that is it will find none left for its own leaf).
+        while i < len(child) and child[i] is not leaf:
+            i += 1
+        if i == len(child):
             return None
-        leaf += n
+        child[i] = None
+        at.append(i)
+        static.append(snapshot_leaf(leaf))
+        i += 1
     positions = interned(tuple(at))
-    paths = tuple((jtu.SequenceKey(i),) for i in positions)
-    holes = _holes(positions, static, twinned, _unseen(type(value), positions, paths))
+    unseen = _unseens.get((type(value), positions))
+    if unseen is None:
+        paths = tuple((jtu.SequenceKey(i),) for i in positions)
+        unseen = _unseen(type(value), positions, paths)
+    holes = _holes(positions, static, twinned, unseen)
     return (child if type(value) is list else tuple(child)), holes
 
 
