@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from ._partition import expose, is_dynamic_leaf
+from ._exposed import expose
+from ._partition import is_dynamic_leaf
 from ._static_values import static_equal
 
 logger = logging.getLogger("autostatic")

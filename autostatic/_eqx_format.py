@@ -22,6 +22,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._compat import saved_by_tree_serialise_leaves
+from ._exposed import expose
 from ._loading import (
     format_problems,
     InFlight,
@@ -30,7 +31,7 @@ from ._loading import (
     read_array,
     template_shape_dtype,
 )
-from ._partition import expose, is_dynamic_leaf
+from ._partition import is_dynamic_leaf
 from ._safetensors import (
     CheckpointError,
     describe,

@@ -18,7 +18,7 @@ Each field is of one kind:
   the attribute holds the layers themselves;
 - HOLED: the value holds arrays and other leaves; the child is the value with `None`
   in place of each non-array leaf (as in the dynamic half of `eqx.partition`), and
-  the aux holds a `Holes` record that puts them back;
+  the aux holds a `Holes` record that puts them back (`_mixed`);
 - STATIC: no leaf is an array; the aux holds the value (a `StaticTree` if it has
   structure).
 
@@ -26,13 +26,9 @@ No record holds a field's name or path: equal values give equal treedefs whereve
 they sit.
 """
 
-import contextlib
-import copy
 import dataclasses
-import operator
-import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
@@ -44,12 +40,9 @@ from ._containers import (
     walk,
     watched_containers,
 )
-from ._static_values import (
-    interned,
-    natural_leaf,
-    natural_leaves,
-    snapshot_leaf,
-)
+from ._fields import fields_of, get_flat, needs_eager, set_flat, set_layer
+from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
+from ._twins import twin_classes, untwin
 
 CHILD: Final = 0
 STATIC: Final = 1
@@ -60,87 +53,6 @@ CHILD_KINDS: Final = (CHILD, TWINNED, HOLED)
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
 _leaf_types = known_leaf_types()
-
-_SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
-_SLOT: Final = "_autostatic_flat"  # the instance slot holding a `Flat`
-TWIN_OF: Final = "_autostatic_twin_of"  # class attribute of a twin: its layer class
-
-
-class FieldSpec(NamedTuple):
-    """What the class declares about its fields, fixed when the class is created."""
-
-    names: tuple[str, ...]
-    declared_static: tuple[bool, ...]  # `eqx.field(static=True)`
-    defaults: dict[str, Any]  # dataclass defaults, moved off the class
-    # A twin of an Equinox layer (`_twins`), not an AutoModule.
-    twin: bool
-    # Per tuple of field value types: the split of instances whose fields are all
-    # plain (numbers, strings, None, jax arrays, lone layers), decided by one
-    # generated call (`_partition`); None where a type is not plain.
-    plain_splits: "dict[tuple[type, ...], PlainSplit | None]"
-    # The field values of an instance's `__dict__`, in field order, as one tuple
-    # (`KeyError` if one is unset).
-    read: Callable[[dict[str, Any]], tuple[Any, ...]]
-
-
-def check_reserved_names(class_name: str, namespace: dict[str, Any]) -> None:
-    """Refuses a class body that names what an AutoModule keeps on its class and
-    instances (the field spec, the partition slot): either would be shadowed."""
-    names = {*namespace, *namespace.get("__annotations__", {})}
-    for name in sorted(names & {_SPEC, _SLOT}):
-        raise TypeError(
-            f"{class_name}.{name}: this name is reserved by autostatic (it holds the "
-            "partition of every AutoModule); rename the attribute."
-        )
-
-
-def fields_of(cls: type) -> FieldSpec:
-    return getattr(cls, _SPEC)
-
-
-def is_automodule_class(cls: type) -> bool:
-    """An AutoModule class (not a twin of an Equinox layer)."""
-    spec = getattr(cls, _SPEC, None)
-    return spec is not None and not spec.twin
-
-
-def has_partition(x: Any) -> bool:
-    """An AutoModule or a twin of an Equinox layer: a node whose partition is ours."""
-    return hasattr(type(x), _SPEC)
-
-
-def is_partitioned_class(cls: type) -> bool:
-    """The class of AutoModules or of twins: nodes whose partition is ours."""
-    return hasattr(cls, _SPEC)
-
-
-def _field_reader(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple]:
-    if len(names) >= 2:
-        return operator.itemgetter(*names)  # one C call; a tuple for two or more
-    if names:
-        (name,) = names
-        return lambda attrs: (attrs[name],)
-    return lambda attrs: ()
-
-
-def prepare_class(cls: type, *, twin: bool = False) -> None:
-    """Records the fields of a new AutoModule class and moves its dataclass defaults
-    off the class: a lazily unflattened instance fills its attributes in through
-    `__getattr__`, which a class attribute of the same name would shadow."""
-    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
-    for name in moved_defaults(cls):
-        delattr(cls, name)
-    spec = FieldSpec(
-        names=tuple(f.name for f in fields),
-        declared_static=tuple(bool(f.metadata.get("static", False)) for f in fields),
-        defaults={
-            f.name: f.default for f in fields if f.default is not dataclasses.MISSING
-        },
-        twin=twin,
-        plain_splits={},
-        read=_field_reader(tuple(f.name for f in fields)),
-    )
-    setattr(cls, _SPEC, spec)
 
 
 class Layout:
@@ -367,196 +279,6 @@ def static_sequence(
     return interned(StaticSequence((kind, interned(types), *leaves)))
 
 
-def _is_none(x: Any) -> bool:
-    return x is None
-
-
-class _Unseen:
-    """What a `Holes` record needs but need not compare, all fixed by the rest of
-    the record and the node's children: the value's treedef outside twins and
-    AutoModules (`list` or `tuple` for a flat one), where its holes are among its
-    leaves, and their key paths. One object per value (`_unseen`), so a comparison
-    is an identity check."""
-
-    __slots__ = ("treedef", "at", "paths")
-
-    def __init__(self, treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]):
-        self.treedef, self.at, self.paths = treedef, at, paths
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.treedef, self.at)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is _Unseen and self._key() == other._key())
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Unseen, (self.treedef, self.at, self.paths))
-
-
-class Holes(tuple):
-    """The non-array leaves of a HOLED field: `(positions, leaf types, twinned,
-    unseen, *leaves)`. The child holds `None` in their places: `positions` are the
-    holes among its items, for a list or tuple whose non-array leaves are items
-    (`list` or `tuple` in `unseen`), else among its leaves when it is flattened with
-    `None` as a leaf. `unseen` holds the whole value's treedef, where the holes are
-    among its leaves and their key paths: uncompared, as the child's treedef and
-    `positions` fix them."""
-
-    __slots__ = ()
-
-    def value(self, child: Any) -> Any:
-        """The attribute value of `child`: its holes filled again. A child whose
-        structure a tree_map with `is_leaf` changed is kept as it is."""
-        _, types, twinned, unseen = self[:4]
-        treedef, at = unseen.treedef, unseen.at
-        leaves = natural_leaves(self[4:], types)
-        if type(treedef) is type:  # a flat list or tuple: its items are the parts
-            if type(child) is not treedef:
-                return self._slow_value(child)
-            parts = untwin(list(child)) if twinned else list(child)
-            for i, leaf in zip(at, leaves):
-                parts[i] = leaf
-            return parts if treedef is list else tuple(parts)
-        try:
-            parts = treedef.flatten_up_to(child)
-        except (ValueError, TypeError):
-            return self._slow_value(child)
-        for i, leaf in zip(at, leaves):
-            parts[i] = leaf
-        value = treedef.unflatten(parts)
-        return untwin(value) if twinned else value
-
-    def _slow_value(self, child: Any) -> Any:
-        """For a child whose structure changed inside (`make_with_state` rewrote a
-        `StateIndex` in a module of it): each hole filled by its key path; a hole
-        whose path is gone stays `None`."""
-        _, _, twinned, unseen, *leaves = self
-        value = child
-        for path, leaf in zip(unseen.paths, leaves):
-            value = _set_at(value, path, natural_leaf(leaf))
-        return untwin(value) if twinned else value
-
-
-def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
-    """`tree` with `value` at key path `path` (a copy of each node on the way); the
-    tree as it is if the path leads nowhere."""
-    if not path:
-        return value
-    key, rest = path[0], path[1:]
-    try:
-        if isinstance(key, jtu.SequenceKey):
-            items = list(tree)
-            items[key.idx] = _set_at(items[key.idx], rest, value)
-            return items if type(tree) is list else type(tree)(items)
-        if isinstance(key, jtu.DictKey):
-            new = copy.copy(tree)
-            new[key.key] = _set_at(tree[key.key], rest, value)
-            return new
-        if isinstance(key, jtu.GetAttrKey):
-            item = _set_at(getattr(tree, key.name), rest, value)
-            if isinstance(tree, tuple):  # a namedtuple
-                return tree._replace(**{key.name: item})  # pyright: ignore[reportAttributeAccessIssue]  # a namedtuple
-            new = _object_new(type(tree))
-            attrs = _object_getattribute(new, "__dict__")
-            attrs.update(_object_getattribute(tree, "__dict__"))
-            attrs[key.name] = item
-            return new
-        children, node = jtu.tree_flatten(tree, is_leaf=lambda x: x is not tree)
-        children[key.key] = _set_at(children[key.key], rest, value)
-        return node.unflatten(children)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-        return tree
-
-
-# One `_Unseen` per whole-value treedef and hole positions, so that the records of
-# blocks built alike hold the same object, compared by identity in C.
-_unseens: "dict[tuple[Any, tuple[int, ...]], _Unseen]" = {}
-
-
-def _unseen(treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]) -> _Unseen:
-    key = (treedef, at)
-    try:
-        return _unseens[key]
-    except KeyError:
-        if len(_unseens) >= 4096:  # bounded: the structures of a few models
-            _unseens.clear()
-        return _unseens.setdefault(key, _Unseen(treedef, at, paths))
-
-
-_MARK: Final = object()  # stands in a hole while its position is found
-
-
-def punch(
-    value: Any, treedef: Any, leaves: list[Any], flags: list[bool], twinned: bool
-) -> tuple[Any, Holes]:
-    """The child of `value`, whose leaves are `leaves` (`flags`: which are arrays):
-    the value with `None` in place of each other leaf, and the `Holes` that put them
-    back."""
-    kind = type(value)
-    if kind is list or kind is tuple:
-        punched = _punch_items(value, leaves, flags, twinned)
-        if punched is not None:
-            return punched
-    marked = treedef.unflatten([x if f else _MARK for x, f in zip(leaves, flags)])
-    parts = jtu.tree_flatten(marked, is_leaf=_is_none)[0]
-    positions = tuple(i for i, x in enumerate(parts) if x is _MARK)
-    # Filled back in through the containers only: twins and AutoModules, which
-    # hold no hole, stay the very objects of the child.
-    keyed, outer = jtu.tree_flatten_with_path(marked, is_leaf=has_partition)
-    at = tuple(i for i, (_, x) in enumerate(keyed) if x is _MARK)
-    paths = tuple(path for path, x in keyed if x is _MARK)
-    child = treedef.unflatten([x if f else None for x, f in zip(leaves, flags)])
-    static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
-    return child, _holes(
-        interned(positions), static, twinned, _unseen(outer, at, paths)
-    )
-
-
-def _punch_items(
-    value: list[Any] | tuple[Any, ...],
-    leaves: list[Any],
-    flags: list[bool],
-    twinned: bool,
-) -> tuple[Any, Holes] | None:
-    """`punch` for a list or tuple whose non-array leaves are items of its own (a
-    block's `[Linear, relu, Linear]`), its holes given as item positions; None if a
-    non-array leaf is deeper. The items that hold arrays stay the very objects."""
-    child = list(value)
-    at, static = [], []
-    i = 0
-    for leaf, flag in zip(leaves, flags):
-        if flag:
-            continue
-        # Leaves come in item order: this one is the next item that is it, unless
-        # it sits deeper, inside an item (then no later item is it, or the item
-        # that is it will find none left for its own leaf).
-        while i < len(child) and child[i] is not leaf:
-            i += 1
-        if i == len(child):
-            return None
-        child[i] = None
-        at.append(i)
-        static.append(snapshot_leaf(leaf))
-        i += 1
-    positions = interned(tuple(at))
-    unseen = _unseens.get((type(value), positions))
-    if unseen is None:
-        paths = tuple((jtu.SequenceKey(i),) for i in positions)
-        unseen = _unseen(type(value), positions, paths)
-    holes = _holes(positions, static, twinned, unseen)
-    return (child if type(value) is list else tuple(child)), holes
-
-
-def _holes(
-    positions: tuple[int, ...], static: list[Any], twinned: bool, unseen: _Unseen
-) -> Holes:
-    types = interned(tuple(map(type, static)))
-    return interned(Holes((positions, types, twinned, unseen, *static)))
-
-
 def entry_value(entry: Any) -> Any:
     """The attribute value a STATIC entry stands for."""
     kind = type(entry)
@@ -564,107 +286,6 @@ def entry_value(entry: Any) -> Any:
         return entry.value()
     return natural_leaf(entry)
 
-
-# Twins: the classes, and how one becomes the layer it stands for.
-
-# Each twin class, and the layer class it stands for.
-twin_classes: dict[type, type] = {}
-
-
-def register_twin_class(twin: type, layer_class: type) -> None:
-    twin_classes[twin] = layer_class
-    _leaf_types.add(twin)  # walked as an item, never into
-
-
-def real_layer(twin: Any) -> Any:
-    """The `eqx.nn` layer a twin stands for: the one it was made from or unflattened
-    with, or (for a twin made by calling its class) a new one sharing its attributes."""
-    try:
-        return _get_layer(twin)
-    except AttributeError:
-        pass
-    cls = type(twin)
-    layer = _object_new(twin_classes[cls])
-    _set_attributes(layer, materialise(twin))
-    _set_layer(twin, layer)
-    return layer
-
-
-def share_attributes(twin: Any, layer: Any) -> None:
-    """Makes `layer`'s own `__dict__` the twin's: one dict, so that a change of the
-    layer's attributes, even by `object.__setattr__`, is the twin's too (its flatten
-    then decides again), and no attribute is copied."""
-    _set_attributes(twin, _object_getattribute(layer, "__dict__"))
-    _set_layer(twin, layer)
-
-
-def _real_if_twin(x: Any) -> Any:
-    return real_layer(x) if type(x) in twin_classes else x
-
-
-_surgery = threading.local()  # .keeps_twins: inside `twins_as_attributes`
-# How many threads are inside `twins_as_attributes`: while none is, reading the
-# thread-local flag (slow next to the rest of an attribute fill-in) is skipped.
-_surgeries = [0]
-
-
-@contextlib.contextmanager
-def twins_as_attributes() -> Iterator[None]:
-    """While active (in this thread), instances filled in from their partition hold
-    the twins themselves: what `eqx.tree_at`'s `where` finds is then a node of the
-    pytree. Only for trees made for the surgery and discarded after it."""
-    before = getattr(_surgery, "keeps_twins", False)
-    _surgery.keeps_twins = True
-    _surgeries[0] += 1
-    try:
-        yield
-    finally:
-        _surgeries[0] -= 1
-        _surgery.keeps_twins = before
-
-
-def _keeps_twins() -> bool:
-    return _surgeries[0] > 0 and getattr(_surgery, "keeps_twins", False)
-
-
-def untwin(value: Any) -> Any:
-    """`value` with every twin reachable through built-in containers replaced by its
-    layer: what the attribute holds."""
-    if _surgeries[0] and _keeps_twins():
-        return value
-    kind = type(value)
-    if kind is list or kind is tuple:
-        # A flat list of layers (and other leaves), the most common: no walk.
-        types = set(map(type, value))
-        items = None
-        try:
-            if types <= twin_classes.keys():  # layers only: read in C
-                items = list(map(_get_layer, value))
-            elif _leaf_types.issuperset(types):
-                items = [_get_layer(x) if type(x) in twin_classes else x for x in value]
-        except AttributeError:  # a twin made by calling its class
-            pass
-        if items is not None:
-            return items if kind is list else tuple(items)
-    return walk(value, (), _real_if_twin, None)
-
-
-class Partitioned:
-    """The base that gives AutoModule instances the slot holding the partition."""
-
-    __slots__ = (_SLOT,)
-
-
-class TwinBase(Partitioned):
-    """The slot that a twin adds to its layer class: the layer it stands for."""
-
-    __slots__ = ("_autostatic_layer",)
-
-
-_get_flat = Partitioned._autostatic_flat.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
-_set_flat = Partitioned._autostatic_flat.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
-_get_layer = TwinBase._autostatic_layer.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
-_set_layer = TwinBase._autostatic_layer.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 
 # `(children, aux, values, containers)`: the node's pytree form, and the field values
 # it was decided from (None for a node not yet filled in) with the records of the
@@ -674,13 +295,13 @@ Flat = tuple[tuple[Any, ...], Aux, tuple[Any, ...] | None, ContainerRecords | No
 
 def set_partition(obj: Any, flat: Flat) -> None:
     """Stores the `Flat` of a node whose partition has been decided."""
-    _set_flat(obj, flat)
+    set_flat(obj, flat)
 
 
 def has_stored_partition(obj: Any) -> bool:
     """Whether the partition of `obj` has been decided (its `__init__` has ended)."""
     try:
-        _get_flat(obj)
+        get_flat(obj)
     except AttributeError:
         return False
     return True
@@ -688,7 +309,7 @@ def has_stored_partition(obj: Any) -> bool:
 
 def partition_of(obj: Any) -> tuple[tuple[Any, ...], Aux]:
     """The stored `(children, aux)` of a decided node, as it is."""
-    children, aux, _, _ = _get_flat(obj)
+    children, aux, _, _ = get_flat(obj)
     return children, aux
 
 
@@ -698,7 +319,7 @@ def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     # intermediate trees (gradients, optimiser updates, in_axes specs) are mostly
     # never looked into.
     obj = _object_new(cls)
-    _set_flat(obj, (children, aux, None, None))
+    set_flat(obj, (children, aux, None, None))
     return obj
 
 
@@ -750,8 +371,8 @@ def _attribute_code(layout: Layout) -> tuple[list[str], list[str], str, str]:
 def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., Any]:
     namespace = {
         "new": _object_new,
-        "set_flat": _set_flat,
-        "set_layer": _set_layer,
+        "set_flat": set_flat,
+        "set_layer": set_layer,
         "set_attributes": _set_attributes,
         "get_attribute": _object_getattribute,
         "untwin": untwin,
@@ -854,7 +475,7 @@ def _generated_flatten(
     names = [f.name for f in dataclasses.fields(cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
     checks = "".join(f"d[{n!r}] is v[{i}] and " for i, n in enumerate(names))
     namespace = {
-        "get_flat": _get_flat,
+        "get_flat": get_flat,
         "get_attribute": _object_getattribute,
         "refresh": refresh,
     }
@@ -879,7 +500,7 @@ def _noting_new_aux(
             obj = base(cls, aux, children)
         else:  # the lazy unflatten, inline: it runs for every node of every tree_map
             obj = _object_new(cls)
-            _set_flat(obj, (children, aux, None, None))
+            set_flat(obj, (children, aux, None, None))
         layout = aux[0]
         if layout.last_aux is not aux:
             layout.last_aux = aux
@@ -919,37 +540,6 @@ def flatten_functions(
     return flatten, flatten_with_keys, chosen
 
 
-def moved_defaults(cls: type) -> set[str]:
-    """The fields whose dataclass default sits on `cls` itself; `prepare_class` moves
-    them off the class, so that they cannot shadow unfilled fields. A default that
-    overrides a base's attribute of that name (`size: int = 3` over an abstract
-    property) stays, as in Equinox: moving it would bring the base's back, and such
-    a class fills attributes in at unflatten (`needs_eager`)."""
-    inherited = {name for base in cls.__mro__[1:] for name in vars(base)}
-    return {
-        f.name
-        for f in dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
-        if f.default is not dataclasses.MISSING
-        and f.name in vars(cls)
-        and vars(cls)[f.name] is f.default
-        and f.name not in inherited
-    }
-
-
-def needs_eager(cls: type) -> bool:
-    """Whether a field name of `cls` still resolves on the class once its own defaults
-    have moved (a non-AutoModule base's default, a parent's method of that name): it
-    would shadow a lazily unflattened instance's empty `__dict__`."""
-    moved = moved_defaults(cls)
-    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
-    return any(
-        f.name in vars(klass)
-        for klass in cls.__mro__
-        for f in fields
-        if not (klass is cls and f.name in moved)
-    )
-
-
 def materialise(obj: Any) -> dict[str, Any]:
     """Returns the `__dict__` of `obj` with every field filled in."""
     attrs = _object_getattribute(obj, "__dict__")
@@ -959,7 +549,7 @@ def materialise(obj: Any) -> dict[str, Any]:
     # `functools.cached_property`) may have arrived first.
     if names and names[0] not in attrs:
         try:
-            children, aux, _, _ = _get_flat(obj)
+            children, aux, _, _ = get_flat(obj)
         except AttributeError:  # still in __init__, before anything was assigned
             return attrs
         layout = aux[0]

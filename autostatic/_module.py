@@ -8,7 +8,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 from typing_extensions import dataclass_transform
 
-from . import _layout, _partition
+from . import _fields, _layout, _partition
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._compat import (
     creating_subclass,
@@ -38,12 +38,12 @@ class _AutoModuleMeta(ModuleMeta):
         namespace: dict[str, Any],
         **kwargs: Any,
     ) -> "_AutoModuleMeta":
-        _layout.check_reserved_names(name, namespace)
+        _fields.check_reserved_names(name, namespace)
         with creating_subclass(bases):
             cls = super().__new__(mcs, name, bases, namespace, **kwargs)
         skip_argument_walk(cls)
-        _layout.prepare_class(cls)
-        fields = set(_layout.fields_of(cls).names)
+        _fields.prepare_class(cls)
+        fields = set(_fields.fields_of(cls).names)
         # Methods of this class, and of non-AutoModule bases (e.g. an abstract
         # eqx.Module kept during a migration), are bound as pytree-and-hashable
         # `BoundMethod`s; AutoModule bases did this for their own already.
@@ -68,7 +68,7 @@ class _AutoModuleMeta(ModuleMeta):
         if has_dataclass_init(cls):
             # Equinox flattens these arguments first, and JAX's flatten of a cyclic
             # list ends in a RecursionError that can leave the interpreter unusable.
-            names = _layout.fields_of(cls).names
+            names = _fields.fields_of(cls).names
             for name, arg in (*zip(names, args), *kwargs.items()):
                 check_acyclic(arg, (f"{cls.__qualname__}.{name}",))
         try:
@@ -88,7 +88,7 @@ class _AutoModuleMeta(ModuleMeta):
 install_hooks(lambda cls: isinstance(cls, _AutoModuleMeta))
 
 
-class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
+class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
     """An `eqx.Module` that decides by itself what is static.
 
     Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
@@ -196,7 +196,7 @@ class AutoModule(eqx.Module, _layout.Partitioned, metaclass=_AutoModuleMeta):
                 except KeyError:
                     pass
                 try:
-                    return _layout.fields_of(cls).defaults[name]
+                    return _fields.fields_of(cls).defaults[name]
                 except KeyError:
                     pass
             else:

@@ -13,8 +13,7 @@ Each field's value is walked through its built-in containers once: every `eqx.nn
 layer met becomes its fast twin in the pytree child (`_twins`), and JAX's flatten of
 the result gives the leaves: all arrays (or none), the field is a child; none an
 array, its value goes into the aux; both, the child is the value with `None` in each
-non-array leaf's place (`_layout`'s kinds). This module also gives the exposed form
-used by model surgery and diagnostics (`expose`, `decide_again`).
+non-array leaf's place (`_layout`'s kinds).
 """
 
 import functools
@@ -32,37 +31,36 @@ import numpy as np
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
 from ._compat import warn_if_transformed
 from ._containers import is_watched, SCALAR_TYPES, walk, watched_containers
+from ._fields import fields_of, FieldSpec, has_partition, is_partitioned_class
 from ._layout import (
     Aux,
     CHILD,
-    fields_of,
-    FieldSpec,
     Flat,
     flatten_functions as layout_flatten_functions,
-    has_partition,
     has_stored_partition,
     HOLED,
-    is_partitioned_class,
     layout_for,
     make_aux,
     materialise,
     plain_split,
     PlainSplit,
-    punch,
-    real_layer,
     set_partition,
-    share_attributes,
     STATIC,
     static_sequence,
     static_tree,
     StaticSequence,
     TWINNED,
-    unflatten,
 )
+from ._mixed import punch
 from ._retrace import note_new_aux
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._static_values import needs_exact_float, snapshot_leaf
-from ._twins import is_twin_class, is_twinned_class, twin_class
+from ._twins import (
+    is_twin_class,
+    is_twinned_class,
+    share_attributes,
+    twin_class,
+)
 
 MISSING: Final = object()
 
@@ -592,63 +590,3 @@ def reduce(obj: Any) -> tuple[Any, ...]:
     """`__reduce__` for copy and pickle: the class and the attribute values (the
     partition is decided again from them)."""
     return (decided, (type(obj), dict(materialise(obj))))
-
-
-# The exposed form, for model surgery and diagnostics: every field a child.
-
-
-def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """`fn` on every AutoModule and twin in `tree` (not inside them)."""
-    return jtu.tree_map(
-        lambda x: fn(x) if has_partition(x) else x, tree, is_leaf=has_partition
-    )
-
-
-def exposed_module(
-    cls: type, values: dict[str, Any], *, keep_declared_static: bool = True
-) -> Any:
-    """A `cls` instance with these values, every field a child (as an `eqx.Module`
-    without static markers flattens), except with `keep_declared_static` those
-    declared `eqx.field(static=True)`, which Equinox keeps in its aux data too."""
-    spec = fields_of(cls)
-    kinds, children, entries = [], [], []
-    for name, declared_static in zip(spec.names, spec.declared_static):
-        if keep_declared_static and declared_static:
-            kinds.append(STATIC)
-            entries.append(values[name])
-        else:
-            kinds.append(CHILD)
-            children.append(values[name])
-    aux = make_aux(layout_for(cls, tuple(kinds)), tuple(entries))
-    return unflatten(cls, aux, tuple(children))
-
-
-def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
-    """A copy of `tree` in which every AutoModule has all its fields as children
-    (`exposed_module`), and every twin is the layer it stands for."""
-
-    def expose_module(module: Any) -> Any:
-        cls = type(module)
-        if fields_of(cls).twin:
-            return _map_modules(expose_module, real_layer(module))
-        attrs = materialise(module)
-        values = {
-            n: _map_modules(expose_module, attrs[n]) for n in fields_of(cls).names
-        }
-        return exposed_module(cls, values, keep_declared_static=keep_declared_static)
-
-    return _map_modules(expose_module, tree)
-
-
-def decide_again(tree: Any) -> Any:
-    """Decides the partition of every AutoModule in `tree` from its current values."""
-
-    def decide_module(module: Any) -> Any:
-        cls = type(module)
-        if fields_of(cls).twin:
-            return module
-        attrs = materialise(module)
-        names = fields_of(cls).names
-        return decided(cls, ((n, _map_modules(decide_module, attrs[n])) for n in names))
-
-    return _map_modules(decide_module, tree)

@@ -18,14 +18,8 @@ import jax.tree_util as jtu
 from equinox import is_array
 from jax.core import Tracer
 
-from ._layout import (
-    Aux,
-    entry_value,
-    has_stored_partition,
-    is_partitioned_class,
-    partition_of,
-    STATIC,
-)
+from ._fields import is_partitioned_class
+from ._layout import Aux, entry_value, has_stored_partition, partition_of, STATIC
 from ._static_checks import warn_once
 from ._static_values import static_equal
 

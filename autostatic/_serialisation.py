@@ -3,7 +3,7 @@
 Equinox writes every leaf its filter spec accepts, in flatten order: for an
 `eqx.Module` without static markers that includes the Python ints and floats of its
 fields. An AutoModule keeps those in its aux data, so both functions are routed to
-work on the exposed form (`_partition.expose`, declared-static fields kept static):
+work on the exposed form (`_exposed.expose`, declared-static fields kept static):
 the leaves Equinox sees are then those of the same model written as an
 `eqx.Module`, and the files are the same, byte for byte, in both directions. A
 loaded tree has its partition decided afresh from the values read.
@@ -21,8 +21,8 @@ from ._compat import (
     original_tree_deserialise_leaves,
     original_tree_serialise_leaves,
 )
-from ._layout import has_partition
-from ._partition import decide_again, expose
+from ._exposed import decide_again, expose
+from ._fields import has_partition
 
 
 def _exposed_and_kwargs(tree: Any, filter_spec: Any) -> tuple[Any, dict[str, Any]]:

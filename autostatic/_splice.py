@@ -9,7 +9,7 @@ non-arrays would fail on their different aux data. So, as for an `eqx.Module`:
   array half) gives the module in its own form, with its own aux data: the half has
   the treedef of the model's gradients and optimiser states;
 - a filter that keeps some (the static half, `inverse=True`) gives the module in
-  the exposed form (`_partition.exposed_module`): every field a child, each value
+  the exposed form (`_exposed.exposed_module`): every field a child, each value
   kept or `replace`d leaf by leaf, as Equinox filters an `eqx.Module`;
 - `combine` takes a module's arrays from every tree, and its non-array values from
   the exposed trees that hold them (from any tree if none does), and decides the
@@ -27,19 +27,11 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._compat import original_combine, original_filter
-from ._layout import (
-    fields_of,
-    has_partition,
-    HOLED,
-    materialise,
-    partition_of,
-    real_layer,
-    STATIC,
-    twin_classes,
-    TWINNED,
-    untwin,
-)
-from ._partition import decided, exposed_module, is_dynamic_leaf
+from ._exposed import exposed_module
+from ._fields import fields_of, has_partition
+from ._layout import HOLED, materialise, partition_of, STATIC, TWINNED
+from ._partition import decided, is_dynamic_leaf
+from ._twins import real_layer, twin_classes, untwin
 
 # Filters known to keep no non-array leaf: the tree keeps its own form.
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)

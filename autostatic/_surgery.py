@@ -19,9 +19,10 @@ from typing import Any
 import jax.tree_util as jtu
 
 from ._compat import original_inference_mode, original_tree_at
-from ._layout import has_partition, real_layer, twins_as_attributes
-from ._partition import decide_again, expose, is_dynamic_leaf, twinned
-from ._twins import is_twin
+from ._exposed import decide_again, expose
+from ._fields import has_partition
+from ._partition import is_dynamic_leaf, twinned
+from ._twins import is_twin, real_layer, twins_as_attributes
 
 _sentinel: Any = object()
 

@@ -12,27 +12,32 @@ class (`isinstance(twin, eqx.nn.Linear)` holds, for `is_leaf` callbacks; name, r
 and methods are the layer's) whose node is an AutoModule's: the partition decided from
 the values in a slot (fields marked `eqx.field(static=True)` stay static), an
 unflatten that fills the attributes in. Its key paths and array leaves are those of
-the layer. The attribute keeps the layer itself, and a twin made by unflattening
-becomes a layer of the layer's own class when the attribute is read
-(`_layout.real_layer`): `type(model.linear) is eqx.nn.Linear`.
+the layer. The attribute keeps the layer itself: a twin shares its `__dict__` with
+the layer it stands for, the one it was made from or, when unflattened, one made with
+it (`real_layer`, `untwin`): `type(model.linear) is eqx.nn.Linear`, and a change of
+the layer's attributes is seen by the twin's flatten.
 
 Only classes defined in `equinox.nn` are twinned, and not `StateIndex`, which Equinox
 checks by exact type: a user's own `eqx.Module` class may have `__init_subclass__`
 side effects or `type(x) is` checks that a subclass would break.
 """
 
+import contextlib
 import inspect
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import equinox as eqx
 
 from ._bound_method import MethodDescriptor, wraps_as_method
-from ._layout import (
+from ._compat import set_module_attributes as _set_attributes
+from ._containers import known_leaf_types, walk
+from ._fields import (
+    get_layer,
     is_automodule_class,
     prepare_class,
-    real_layer,
-    register_twin_class,
+    set_layer,
     TWIN_OF as _TWIN_OF,
     TwinBase,
 )
@@ -41,6 +46,7 @@ _twins: dict[type, type] = {}
 _twins_lock = threading.Lock()
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
+_leaf_types = known_leaf_types()
 
 
 def is_twin_class(cls: type) -> bool:
@@ -110,3 +116,86 @@ def _make_twin_class(cls: type) -> type:
     prepare_class(twin, twin=True)
     register_twin_class(twin, cls)
     return twin
+
+
+# How a twin becomes the layer it stands for.
+
+# Each twin class, and the layer class it stands for.
+twin_classes: dict[type, type] = {}
+
+
+def register_twin_class(twin: type, layer_class: type) -> None:
+    twin_classes[twin] = layer_class
+    _leaf_types.add(twin)  # walked as an item, never into
+
+
+def real_layer(twin: Any) -> Any:
+    """The `eqx.nn` layer a twin stands for: the one it was made from or unflattened
+    with, or (for a twin made by calling its class) a new one sharing its attributes."""
+    try:
+        return get_layer(twin)
+    except AttributeError:
+        pass
+    layer = _object_new(twin_classes[type(twin)])
+    _set_attributes(layer, _object_getattribute(twin, "__dict__"))
+    set_layer(twin, layer)
+    return layer
+
+
+def share_attributes(twin: Any, layer: Any) -> None:
+    """Makes `layer`'s own `__dict__` the twin's: one dict, so that a change of the
+    layer's attributes, even by `object.__setattr__`, is the twin's too (its flatten
+    then decides again), and no attribute is copied."""
+    _set_attributes(twin, _object_getattribute(layer, "__dict__"))
+    set_layer(twin, layer)
+
+
+def _real_if_twin(x: Any) -> Any:
+    return real_layer(x) if type(x) in twin_classes else x
+
+
+_surgery = threading.local()  # .keeps_twins: inside `twins_as_attributes`
+# How many threads are inside `twins_as_attributes`: while none is, reading the
+# thread-local flag (slow next to the rest of an attribute fill-in) is skipped.
+_surgeries = [0]
+
+
+@contextlib.contextmanager
+def twins_as_attributes() -> Iterator[None]:
+    """While active (in this thread), instances filled in from their partition hold
+    the twins themselves: what `eqx.tree_at`'s `where` finds is then a node of the
+    pytree. Only for trees made for the surgery and discarded after it."""
+    before = getattr(_surgery, "keeps_twins", False)
+    _surgery.keeps_twins = True
+    _surgeries[0] += 1
+    try:
+        yield
+    finally:
+        _surgeries[0] -= 1
+        _surgery.keeps_twins = before
+
+
+def _keeps_twins() -> bool:
+    return _surgeries[0] > 0 and getattr(_surgery, "keeps_twins", False)
+
+
+def untwin(value: Any) -> Any:
+    """`value` with every twin reachable through built-in containers replaced by its
+    layer: what the attribute holds."""
+    if _surgeries[0] and _keeps_twins():
+        return value
+    kind = type(value)
+    if kind is list or kind is tuple:
+        # A flat list of layers (and other leaves), the most common: no walk.
+        types = set(map(type, value))
+        items = None
+        try:
+            if types <= twin_classes.keys():  # layers only: read in C
+                items = list(map(get_layer, value))
+            elif _leaf_types.issuperset(types):
+                items = [get_layer(x) if type(x) in twin_classes else x for x in value]
+        except AttributeError:  # a twin made by calling its class
+            pass
+        if items is not None:
+            return items if kind is list else tuple(items)
+    return walk(value, (), _real_if_twin, None)

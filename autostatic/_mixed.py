@@ -1,0 +1,210 @@
+"""Mixed containers: a field value holding arrays and other leaves (`[Linear, relu,
+Linear]`, `{"w": w, "act": "gelu"}`).
+
+Its pytree child is the value with `None` in place of each non-array leaf (as in the
+dynamic half of `eqx.partition`), and its aux entry a `Holes` record that puts them
+back (`punch` makes both). Flattened with `None` as a leaf, or item by item for a
+list or tuple whose non-array leaves are its own items.
+"""
+
+import copy
+from typing import Any, Final
+
+import jax.tree_util as jtu
+
+from ._fields import has_partition
+from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
+from ._twins import untwin
+
+_object_getattribute = object.__getattribute__
+_object_new = object.__new__
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
+
+
+class _Unseen:
+    """What a `Holes` record needs but need not compare, all fixed by the rest of
+    the record and the node's children: the value's treedef outside twins and
+    AutoModules (`list` or `tuple` for a flat one), where its holes are among its
+    leaves, and their key paths. One object per value (`_unseen`), so a comparison
+    is an identity check."""
+
+    __slots__ = ("treedef", "at", "paths")
+
+    def __init__(self, treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]):
+        self.treedef, self.at, self.paths = treedef, at, paths
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.treedef, self.at)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Unseen and self._key() == other._key())
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Unseen, (self.treedef, self.at, self.paths))
+
+
+class Holes(tuple):
+    """The non-array leaves of a HOLED field: `(positions, leaf types, twinned,
+    unseen, *leaves)`. The child holds `None` in their places: `positions` are the
+    holes among its items, for a list or tuple whose non-array leaves are items
+    (`list` or `tuple` in `unseen`), else among its leaves when it is flattened with
+    `None` as a leaf. `unseen` holds the whole value's treedef, where the holes are
+    among its leaves and their key paths: uncompared, as the child's treedef and
+    `positions` fix them."""
+
+    __slots__ = ()
+
+    def value(self, child: Any) -> Any:
+        """The attribute value of `child`: its holes filled again. A child whose
+        structure a tree_map with `is_leaf` changed is kept as it is."""
+        _, types, twinned, unseen = self[:4]
+        treedef, at = unseen.treedef, unseen.at
+        leaves = natural_leaves(self[4:], types)
+        if type(treedef) is type:  # a flat list or tuple: its items are the parts
+            if type(child) is not treedef:
+                return self._slow_value(child)
+            parts = untwin(list(child)) if twinned else list(child)
+            for i, leaf in zip(at, leaves):
+                parts[i] = leaf
+            return parts if treedef is list else tuple(parts)
+        try:
+            parts = treedef.flatten_up_to(child)
+        except (ValueError, TypeError):
+            return self._slow_value(child)
+        for i, leaf in zip(at, leaves):
+            parts[i] = leaf
+        value = treedef.unflatten(parts)
+        return untwin(value) if twinned else value
+
+    def _slow_value(self, child: Any) -> Any:
+        """For a child whose structure changed inside (`make_with_state` rewrote a
+        `StateIndex` in a module of it): each hole filled by its key path; a hole
+        whose path is gone stays `None`."""
+        _, _, twinned, unseen, *leaves = self
+        value = child
+        for path, leaf in zip(unseen.paths, leaves):
+            value = _set_at(value, path, natural_leaf(leaf))
+        return untwin(value) if twinned else value
+
+
+def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """`tree` with `value` at key path `path` (a copy of each node on the way); the
+    tree as it is if the path leads nowhere."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    try:
+        if isinstance(key, jtu.SequenceKey):
+            items = list(tree)
+            items[key.idx] = _set_at(items[key.idx], rest, value)
+            return items if type(tree) is list else type(tree)(items)
+        if isinstance(key, jtu.DictKey):
+            new = copy.copy(tree)
+            new[key.key] = _set_at(tree[key.key], rest, value)
+            return new
+        if isinstance(key, jtu.GetAttrKey):
+            item = _set_at(getattr(tree, key.name), rest, value)
+            if isinstance(tree, tuple):  # a namedtuple
+                return tree._replace(**{key.name: item})  # pyright: ignore[reportAttributeAccessIssue]  # a namedtuple
+            new = _object_new(type(tree))
+            attrs = _object_getattribute(new, "__dict__")
+            attrs.update(_object_getattribute(tree, "__dict__"))
+            attrs[key.name] = item
+            return new
+        children, node = jtu.tree_flatten(tree, is_leaf=lambda x: x is not tree)
+        children[key.key] = _set_at(children[key.key], rest, value)
+        return node.unflatten(children)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return tree
+
+
+# One `_Unseen` per whole-value treedef and hole positions, so that the records of
+# blocks built alike hold the same object, compared by identity in C.
+_unseens: "dict[tuple[Any, tuple[int, ...]], _Unseen]" = {}
+
+
+def _unseen(treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]) -> _Unseen:
+    key = (treedef, at)
+    try:
+        return _unseens[key]
+    except KeyError:
+        if len(_unseens) >= 4096:  # bounded: the structures of a few models
+            _unseens.clear()
+        return _unseens.setdefault(key, _Unseen(treedef, at, paths))
+
+
+_MARK: Final = object()  # stands in a hole while its position is found
+
+
+def punch(
+    value: Any, treedef: Any, leaves: list[Any], flags: list[bool], twinned: bool
+) -> tuple[Any, Holes]:
+    """The child of `value`, whose leaves are `leaves` (`flags`: which are arrays):
+    the value with `None` in place of each other leaf, and the `Holes` that put them
+    back."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        punched = _punch_items(value, leaves, flags, twinned)
+        if punched is not None:
+            return punched
+    marked = treedef.unflatten([x if f else _MARK for x, f in zip(leaves, flags)])
+    parts = jtu.tree_flatten(marked, is_leaf=_is_none)[0]
+    positions = tuple(i for i, x in enumerate(parts) if x is _MARK)
+    # Filled back in through the containers only: twins and AutoModules, which
+    # hold no hole, stay the very objects of the child.
+    keyed, outer = jtu.tree_flatten_with_path(marked, is_leaf=has_partition)
+    at = tuple(i for i, (_, x) in enumerate(keyed) if x is _MARK)
+    paths = tuple(path for path, x in keyed if x is _MARK)
+    child = treedef.unflatten([x if f else None for x, f in zip(leaves, flags)])
+    static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
+    return child, _holes(
+        interned(positions), static, twinned, _unseen(outer, at, paths)
+    )
+
+
+def _punch_items(
+    value: list[Any] | tuple[Any, ...],
+    leaves: list[Any],
+    flags: list[bool],
+    twinned: bool,
+) -> tuple[Any, Holes] | None:
+    """`punch` for a list or tuple whose non-array leaves are items of its own (a
+    block's `[Linear, relu, Linear]`), its holes given as item positions; None if a
+    non-array leaf is deeper. The items that hold arrays stay the very objects."""
+    child = list(value)
+    at, static = [], []
+    i = 0
+    for leaf, flag in zip(leaves, flags):
+        if flag:
+            continue
+        # Leaves come in item order: this one is the next item that is it, unless
+        # it sits deeper, inside an item (then no later item is it, or the item
+        # that is it will find none left for its own leaf).
+        while i < len(child) and child[i] is not leaf:
+            i += 1
+        if i == len(child):
+            return None
+        child[i] = None
+        at.append(i)
+        static.append(snapshot_leaf(leaf))
+        i += 1
+    positions = interned(tuple(at))
+    unseen = _unseens.get((type(value), positions))
+    if unseen is None:
+        paths = tuple((jtu.SequenceKey(i),) for i in positions)
+        unseen = _unseen(type(value), positions, paths)
+    holes = _holes(positions, static, twinned, unseen)
+    return (child if type(value) is list else tuple(child)), holes
+
+
+def _holes(
+    positions: tuple[int, ...], static: list[Any], twinned: bool, unseen: _Unseen
+) -> Holes:
+    types = interned(tuple(map(type, static)))
+    return interned(Holes((positions, types, twinned, unseen, *static)))
