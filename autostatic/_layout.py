@@ -356,11 +356,16 @@ def _attribute_code(layout: Layout) -> tuple[list[str], list[str], str, str]:
         if not raw:
             reaching.append(f"v{i}")
     if reaching:
+        # A flat list (of layers, arrays, numbers) is recorded here; anything else
+        # that may reach a container is walked.
         lines.append("    met = []")
-        lines += [
-            f"    if type({v}) not in leaf_types: walk({v}, (), None, met)"
-            for v in reaching
-        ]
+        for v in reaching:
+            lines += [
+                f"    if type({v}) is list and leaf_types.issuperset(map(type, {v})):",
+                f"        met.append({v})",
+                f"    elif type({v}) not in leaf_types:",
+                f"        walk({v}, (), None, met)",
+            ]
         containers = "watched_containers(met) if met else None"
     else:
         containers = "None"

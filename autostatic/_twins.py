@@ -185,6 +185,8 @@ def untwin(value: Any) -> Any:
     if _surgeries[0] and _keeps_twins():
         return value
     kind = type(value)
+    if kind in twin_classes:  # a layer held alone
+        return real_layer(value)
     if kind is list or kind is tuple:
         # A flat list of layers (and other leaves), the most common: no walk.
         types = set(map(type, value))
