@@ -52,7 +52,8 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
 class ContainerType:
     """How AutoModule handles one built-in container type that JAX flattens as a
     node: how its items are reached, how it is made again from new items, and, if
-    it can change in place, how `watched_containers` records it (compared as a tuple, in C)."""
+    it can change in place, how `watched_containers` records it (compared as a tuple,
+    in C)."""
 
     items: Callable[[Any], list[tuple[Hashable, Any]]]
     rebuild: Callable[[Any, list[Any]], Any]

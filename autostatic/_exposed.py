@@ -1,5 +1,5 @@
 """The exposed form of a tree: every AutoModule with all its fields as children (as an
-`eqx.Module` without static markers flattens), every twin the layer it stands for.
+`eqx.Module` without static markers flattens), every carrier the layer it stands for.
 
 Equinox's functions that look at non-array leaves (`eqx.tree_serialise_leaves`, its
 checkpoint order, diagnostics comparing two models) work on this form; `decide_again`
@@ -11,14 +11,14 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from ._carriers import real_layer
 from ._fields import fields_of, has_partition
 from ._layout import CHILD, layout_for, make_aux, materialise, STATIC, unflatten
 from ._partition import decided
-from ._twins import real_layer
 
 
 def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """`fn` on every AutoModule and twin in `tree` (not inside them)."""
+    """`fn` on every AutoModule and carrier in `tree` (not inside them)."""
     return jtu.tree_map(
         lambda x: fn(x) if has_partition(x) else x, tree, is_leaf=has_partition
     )
@@ -45,11 +45,11 @@ def exposed_module(
 
 def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
     """A copy of `tree` in which every AutoModule has all its fields as children
-    (`exposed_module`), and every twin is the layer it stands for."""
+    (`exposed_module`), and every carrier is the layer it stands for."""
 
     def expose_module(module: Any) -> Any:
         cls = type(module)
-        if fields_of(cls).twin:
+        if fields_of(cls).carrier:
             return _map_modules(expose_module, real_layer(module))
         attrs = materialise(module)
         values = {
@@ -65,7 +65,7 @@ def decide_again(tree: Any) -> Any:
 
     def decide_module(module: Any) -> Any:
         cls = type(module)
-        if fields_of(cls).twin:
+        if fields_of(cls).carrier:
             return module
         attrs = materialise(module)
         names = fields_of(cls).names

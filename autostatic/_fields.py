@@ -1,12 +1,13 @@
-"""What an AutoModule class (or a twin of an `eqx.nn` layer) declares, and the slots
+"""What an AutoModule class (or a carrier of an `eqx.nn` layer) declares, and the slots
 its instances carry.
 
 Fixed when the class is created (`prepare_class`): the field names in order, which
 are declared `eqx.field(static=True)`, the dataclass defaults (moved off the class,
 so that a lazily unflattened instance's `__getattr__` fills fields in), and the
 splits cached per tuple of field types. Each instance has the slot of `Partitioned`
-(its `Flat`, written and read by `_layout`), and a twin also that of `TwinBase` (the
-layer it stands for, `_twins`); the functions below are their only accessors.
+(its `Flat`, written and read by `_layout`), and a carrier also that of
+`CarrierBase` (the layer it stands for, `_carriers`); the functions below are their
+only accessors.
 """
 
 import dataclasses
@@ -16,7 +17,9 @@ from typing import Any, Final, NamedTuple
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding a `FieldSpec`
 _SLOT: Final = "_autostatic_flat"  # the instance slot holding a `_layout.Flat`
-TWIN_OF: Final = "_autostatic_twin_of"  # class attribute of a twin: its layer class
+CARRIER_OF: Final = (
+    "_autostatic_carrier_of"  # class attribute of a carrier: its layer class
+)
 
 
 class FieldSpec(NamedTuple):
@@ -25,8 +28,8 @@ class FieldSpec(NamedTuple):
     names: tuple[str, ...]
     declared_static: tuple[bool, ...]  # `eqx.field(static=True)`
     defaults: dict[str, Any]  # dataclass defaults, moved off the class
-    # A twin of an Equinox layer (`_twins`), not an AutoModule.
-    twin: bool
+    # A carrier of an Equinox layer (`_carriers`), not an AutoModule.
+    carrier: bool
     # Per tuple of field value types: the split of instances whose fields are all
     # plain (numbers, strings, None, jax arrays, lone layers), decided by one
     # generated call (`_partition`); None where a type is not plain. (A
@@ -53,18 +56,18 @@ def fields_of(cls: type) -> FieldSpec:
 
 
 def is_automodule_class(cls: type) -> bool:
-    """An AutoModule class (not a twin of an Equinox layer)."""
+    """An AutoModule class (not a carrier of an Equinox layer)."""
     spec = getattr(cls, _SPEC, None)
-    return spec is not None and not spec.twin
+    return spec is not None and not spec.carrier
 
 
 def has_partition(x: Any) -> bool:
-    """An AutoModule or a twin of an Equinox layer: a node whose partition is ours."""
+    """An AutoModule or a carrier of an Equinox layer: a node whose partition is ours."""
     return hasattr(type(x), _SPEC)
 
 
 def is_partitioned_class(cls: type) -> bool:
-    """The class of AutoModules or of twins: nodes whose partition is ours."""
+    """The class of AutoModules or of carriers: nodes whose partition is ours."""
     return hasattr(cls, _SPEC)
 
 
@@ -77,7 +80,7 @@ def _field_reader(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple]:
     return lambda attrs: ()
 
 
-def prepare_class(cls: type, *, twin: bool = False) -> None:
+def prepare_class(cls: type, *, carrier: bool = False) -> None:
     """Records the fields of a new AutoModule class and moves its dataclass defaults
     off the class: a lazily unflattened instance fills its attributes in through
     `__getattr__`, which a class attribute of the same name would shadow."""
@@ -90,7 +93,7 @@ def prepare_class(cls: type, *, twin: bool = False) -> None:
         defaults={
             f.name: f.default for f in fields if f.default is not dataclasses.MISSING
         },
-        twin=twin,
+        carrier=carrier,
         plain_splits={},
         read=_field_reader(tuple(f.name for f in fields)),
     )
@@ -134,8 +137,8 @@ class Partitioned:
     __slots__ = (_SLOT,)
 
 
-class TwinBase(Partitioned):
-    """The slot that a twin adds to its layer class: the layer it stands for."""
+class CarrierBase(Partitioned):
+    """The slot that a carrier adds to its layer class: the layer it stands for."""
 
     __slots__ = ("_autostatic_layer",)
 
@@ -143,5 +146,5 @@ class TwinBase(Partitioned):
 # The slots' accessors, C calls (`AttributeError` for a slot never set).
 get_flat: Callable[[Any], Any] = Partitioned._autostatic_flat.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 set_flat: Callable[[Any, Any], None] = Partitioned._autostatic_flat.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
-get_layer: Callable[[Any], Any] = TwinBase._autostatic_layer.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
-set_layer: Callable[[Any, Any], None] = TwinBase._autostatic_layer.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
+get_layer: Callable[[Any], Any] = CarrierBase._autostatic_layer.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
+set_layer: Callable[[Any, Any], None] = CarrierBase._autostatic_layer.__set__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor

@@ -1,20 +1,20 @@
 """The node format: how a decided partition is stored, flattened and read back.
 
-An AutoModule instance (and a twin of an Equinox layer, `_twins`) keeps its attribute
-values in `__dict__`, exactly as assigned, and its decided pytree form in the slot of
-`Partitioned`: `(children, aux, values, containers)`. Flatten returns `(children,
+An AutoModule instance (and a carrier of an Equinox layer, `_carriers`) keeps its
+attribute values in `__dict__`, exactly as assigned, and its decided pytree form in
+the slot of `Partitioned`: `(children, aux, values, containers)`. Flatten returns `(children,
 aux)` after checking that the attributes are still `values`, by identity, and that
 no list, dict or set they reach changed in place (`containers`, from
 `_containers.watched_containers`); unflatten creates the instance and fills the slot
 only (`values` None: nothing to check), and the attributes are made from it on first
-access (`materialise`). A twin shares its attribute dict with the layer it stands
-for, so a change of the layer's attributes is seen by the twin's flatten.
+access (`materialise`). A carrier shares its attribute dict with the layer it stands
+for, so a change of the layer's attributes is seen by the carrier's flatten.
 
 Each field is of one kind:
 
 - CHILD: the attribute value is the pytree child itself (arrays, modules, lists of
   them);
-- TWINNED: the child is the value with each `eqx.nn` layer replaced by its fast twin;
+- CARRIED: the child is the value with each `eqx.nn` layer replaced by its fast carrier;
   the attribute holds the layers themselves;
 - HOLED: the value holds arrays and other leaves; the child is the value with `None`
   in place of each non-array leaf (as in the dynamic half of `eqx.partition`), and
@@ -33,6 +33,7 @@ from typing import Any, Final, NamedTuple
 
 import jax.tree_util as jtu
 
+from ._carriers import carrier_classes, with_layers
 from ._compat import set_module_attributes as _set_attributes
 from ._containers import (
     ContainerRecords,
@@ -42,13 +43,12 @@ from ._containers import (
 )
 from ._fields import fields_of, get_flat, needs_eager, set_flat, set_layer
 from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
-from ._twins import twin_classes, untwin
 
 CHILD: Final = 0
 STATIC: Final = 1
-TWINNED: Final = 2
+CARRIED: Final = 2
 HOLED: Final = 3
-CHILD_KINDS: Final = (CHILD, TWINNED, HOLED)
+CHILD_KINDS: Final = (CHILD, CARRIED, HOLED)
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
@@ -106,7 +106,7 @@ class Layout:
         self.static_types = static_types
         self.untyped: Layout = self
         self.typed: dict[tuple[type, ...], Layout] = {}
-        # Generated on first use: the unflatten of a twin of this layout, and the
+        # Generated on first use: the unflatten of a carrier of this layout, and the
         # filling in of an AutoModule's attributes.
         self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
         self.materialise: Callable[..., None] | None = None
@@ -140,28 +140,28 @@ class PlainSplit(NamedTuple):
     # Static float or complex fields, as (field, entry) positions: a zero or NaN
     # there is held as `ExactFloat`.
     inexact: tuple[tuple[int, int], ...]
-    # Whether a child is a layer to twin, which a provisional partition (made while
+    # Whether a child is a layer to carrier, which a provisional partition (made while
     # `__init__` runs) does not do.
-    twins: bool
+    carriers: bool
     # The `Flat` of the field values, in one call.
     flat: "Callable[[tuple[Any, ...]], Flat]"
 
 
 def plain_split(
     layout: "Layout",
-    to_twin: Callable[[Any], Any],
+    to_carrier: Callable[[Any], Any],
     sequences: tuple[int, ...] = (),
     to_sequence: Callable[[Any], Any] | None = None,
 ) -> PlainSplit:
     """The split of the instances whose field types make `layout` (typed; CHILD,
-    TWINNED and STATIC fields only), with a generated function that picks the
-    children (twinning the layers of TWINNED fields) and aux entries out of the
+    CARRIED and STATIC fields only), with a generated function that picks the
+    children (carrying the layers of CARRIED fields) and aux entries out of the
     field values: most `eqx.nn` layers, and modules holding them, are decided by it.
     The tuples at `sequences` (a shape, a kernel size) become their aux entries by
     `to_sequence`, which raises if one holds anything but scalars."""
     kinds = layout.kinds
     picked_children = "".join(
-        f"twin(values[{i}]), " if kind == TWINNED else f"values[{i}], "
+        f"carrier(values[{i}]), " if kind == CARRIED else f"values[{i}], "
         for i, kind in enumerate(kinds)
         if kind != STATIC
     )
@@ -178,7 +178,7 @@ def plain_split(
         "new": tuple.__new__,
         "Aux": Aux,
         "layout": layout,
-        "twin": to_twin,
+        "carrier": to_carrier,
         "sequence": to_sequence,
     }
     exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
@@ -187,7 +187,7 @@ def plain_split(
         for j, (i, kind) in enumerate(zip(static, layout.static_types or ()))
         if kind is float or kind is complex
     )
-    return PlainSplit(layout, inexact, TWINNED in kinds, namespace["flat"])
+    return PlainSplit(layout, inexact, CARRIED in kinds, namespace["flat"])
 
 
 _layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (
@@ -239,14 +239,14 @@ def make_aux(layout: Layout, entries: tuple[Any, ...]) -> Aux:
 
 class StaticTree(tuple):
     """A static value with structure (a list of sizes, a dict of names, a layer
-    without arrays): `(treedef, leaf types, twinned, *leaves)`, compared in C."""
+    without arrays): `(treedef, leaf types, has_carriers, *leaves)`, compared in C."""
 
     __slots__ = ()
 
     def value(self) -> Any:
-        treedef, types, twinned = self[:3]
+        treedef, types, has_carriers = self[:3]
         value = treedef.unflatten(natural_leaves(self[3:], types))
-        return untwin(value) if twinned else value
+        return with_layers(value) if has_carriers else value
 
 
 class StaticSequence(tuple):
@@ -260,7 +260,7 @@ class StaticSequence(tuple):
 
 
 def static_tree(
-    value: Any, treedef: Any, leaves: list[Any], twinned: bool
+    value: Any, treedef: Any, leaves: list[Any], has_carriers: bool
 ) -> StaticTree | StaticSequence:
     """The aux entry of a static `value` with structure."""
     leaves = [snapshot_leaf(x) for x in leaves]
@@ -268,7 +268,7 @@ def static_tree(
     kind = type(value)
     if (kind is list or kind is tuple) and len(leaves) == treedef.num_nodes - 1:
         return static_sequence(kind, types, leaves)  # every item a leaf (not None)
-    return interned(StaticTree((treedef, interned(types), twinned, *leaves)))
+    return interned(StaticTree((treedef, interned(types), has_carriers, *leaves)))
 
 
 def static_sequence(
@@ -341,9 +341,9 @@ def _attribute_code(layout: Layout) -> tuple[list[str], list[str], str, str]:
     lines, reaching = [], []
     for i, (name, kind) in enumerate(zip(names, layout.kinds)):
         raw = False  # a value that is no container and reaches none
-        if kind in (CHILD, TWINNED):
+        if kind in (CHILD, CARRIED):
             value = f"children[{child_at[name]}]"
-            value = f"untwin({value})" if kind == TWINNED else value
+            value = f"with_layers({value})" if kind == CARRIED else value
         else:
             j = entry_at[name]
             if kind == HOLED:
@@ -380,23 +380,23 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "set_layer": set_layer,
         "set_attributes": _set_attributes,
         "get_attribute": _object_getattribute,
-        "untwin": untwin,
+        "with_layers": with_layers,
         "natural": entry_value,
         "leaf_types": known_leaf_types(),
         "walk": walk,
         "watched_containers": watched_containers,
     }
     if kind == "unflatten":
-        namespace["layer_class"] = twin_classes[layout.cls]
+        namespace["layer_class"] = carrier_classes[layout.cls]
     name = f"<autostatic {kind} of {layout!r}>"
     exec(compile("\n".join(source), name, "exec"), namespace)
     return namespace[kind]
 
 
 def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
-    """The unflatten of twins of `layout`: it makes the twin and the layer it stands
-    for, sharing one attribute dict filled at once (as Equinox's generated unflatten
-    fills its module's), and records the values for the twin's flatten to check;
+    """The unflatten of carriers of `layout`: it makes the carrier and the layer it
+    stands for, sharing one attribute dict filled at once (as Equinox's generated unflatten
+    fills its module's), and records the values for the carrier's flatten to check;
     generated for the layout's fields, so that each is a few stores (no loop)."""
     lines, names, values, containers = _attribute_code(layout)
     stores = [f"    attrs[{n!r}] = v{i}" for i, n in enumerate(names)]
@@ -437,7 +437,7 @@ _RAW_ENTRY_TYPES: Final = frozenset({int, float, bool, str, complex, bytes, type
 
 
 def unflatten_filled(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
-    """Unflatten of twins, filling the attributes in at once, with code generated
+    """Unflatten of carriers, filling the attributes in at once, with code generated
     for the node's layout."""
     layout = aux[0]
     fill = layout.fill
@@ -527,7 +527,7 @@ def flatten_functions(
     Flatten reads the slot; an instance whose attributes no longer hold what its
     partition was decided from, or that has none yet (flattened from inside its own
     `__init__` or `__check_init__`), gets `refresh(obj)`. Unflatten is lazy, unless
-    `filled` (twins of Equinox layers, whose attributes are read at once) or a base
+    `filled` (carriers of Equinox layers, whose attributes are read at once) or a base
     shadows a field (`needs_eager`); with `on_new_aux`, it reports each aux that is
     not the last one of its layout.
     """

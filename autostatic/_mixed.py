@@ -12,9 +12,9 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
+from ._carriers import with_layers
 from ._fields import has_partition
 from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
-from ._twins import untwin
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
@@ -26,7 +26,7 @@ def _is_none(x: Any) -> bool:
 
 class _Unseen:
     """What a `Holes` record needs but need not compare, all fixed by the rest of
-    the record and the node's children: the value's treedef outside twins and
+    the record and the node's children: the value's treedef outside carriers and
     AutoModules (`list` or `tuple` for a flat one), where its holes are among its
     leaves, and their key paths. One object per value (`_unseen`), so a comparison
     is an identity check."""
@@ -50,7 +50,7 @@ class _Unseen:
 
 
 class Holes(tuple):
-    """The non-array leaves of a HOLED field: `(positions, leaf types, twinned,
+    """The non-array leaves of a HOLED field: `(positions, leaf types, has_carriers,
     unseen, *leaves)`. The child holds `None` in their places: `positions` are the
     holes among its items, for a list or tuple whose non-array leaves are items
     (`list` or `tuple` in `unseen`), else among its leaves when it is flattened with
@@ -63,13 +63,13 @@ class Holes(tuple):
     def value(self, child: Any) -> Any:
         """The attribute value of `child`: its holes filled again. A child whose
         structure a tree_map with `is_leaf` changed is kept as it is."""
-        _, types, twinned, unseen = self[:4]
+        _, types, has_carriers, unseen = self[:4]
         treedef, at = unseen.treedef, unseen.at
         leaves = natural_leaves(self[4:], types)
         if type(treedef) is type:  # a flat list or tuple: its items are the parts
             if type(child) is not treedef:
                 return self._slow_value(child)
-            parts = untwin(list(child)) if twinned else list(child)
+            parts = with_layers(list(child)) if has_carriers else list(child)
             for i, leaf in zip(at, leaves):
                 parts[i] = leaf
             return parts if treedef is list else tuple(parts)
@@ -80,17 +80,17 @@ class Holes(tuple):
         for i, leaf in zip(at, leaves):
             parts[i] = leaf
         value = treedef.unflatten(parts)
-        return untwin(value) if twinned else value
+        return with_layers(value) if has_carriers else value
 
     def _slow_value(self, child: Any) -> Any:
         """For a child whose structure changed inside (`make_with_state` rewrote a
         `StateIndex` in a module of it): each hole filled by its key path; a hole
         whose path is gone stays `None`."""
-        _, _, twinned, unseen, *leaves = self
+        _, _, has_carriers, unseen, *leaves = self
         value = child
         for path, leaf in zip(unseen.paths, leaves):
             value = _set_at(value, path, natural_leaf(leaf))
-        return untwin(value) if twinned else value
+        return with_layers(value) if has_carriers else value
 
 
 def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
@@ -143,20 +143,20 @@ _MARK: Final = object()  # stands in a hole while its position is found
 
 
 def punch(
-    value: Any, treedef: Any, leaves: list[Any], flags: list[bool], twinned: bool
+    value: Any, treedef: Any, leaves: list[Any], flags: list[bool], has_carriers: bool
 ) -> tuple[Any, Holes]:
     """The child of `value`, whose leaves are `leaves` (`flags`: which are arrays):
     the value with `None` in place of each other leaf, and the `Holes` that put them
     back."""
     kind = type(value)
     if kind is list or kind is tuple:
-        punched = _punch_items(value, leaves, flags, twinned)
+        punched = _punch_items(value, leaves, flags, has_carriers)
         if punched is not None:
             return punched
     marked = treedef.unflatten([x if f else _MARK for x, f in zip(leaves, flags)])
     parts = jtu.tree_flatten(marked, is_leaf=_is_none)[0]
     positions = tuple(i for i, x in enumerate(parts) if x is _MARK)
-    # Filled back in through the containers only: twins and AutoModules, which
+    # Filled back in through the containers only: carriers and AutoModules, which
     # hold no hole, stay the very objects of the child.
     keyed, outer = jtu.tree_flatten_with_path(marked, is_leaf=has_partition)
     at = tuple(i for i, (_, x) in enumerate(keyed) if x is _MARK)
@@ -164,7 +164,7 @@ def punch(
     child = treedef.unflatten([x if f else None for x, f in zip(leaves, flags)])
     static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
     return child, _holes(
-        interned(positions), static, twinned, _unseen(outer, at, paths)
+        interned(positions), static, has_carriers, _unseen(outer, at, paths)
     )
 
 
@@ -172,7 +172,7 @@ def _punch_items(
     value: list[Any] | tuple[Any, ...],
     leaves: list[Any],
     flags: list[bool],
-    twinned: bool,
+    has_carriers: bool,
 ) -> tuple[Any, Holes] | None:
     """`punch` for a list or tuple whose non-array leaves are items of its own (a
     block's `[Linear, relu, Linear]`), its holes given as item positions; None if a
@@ -199,12 +199,12 @@ def _punch_items(
     if unseen is None:
         paths = tuple((jtu.SequenceKey(i),) for i in positions)
         unseen = _unseen(type(value), positions, paths)
-    holes = _holes(positions, static, twinned, unseen)
+    holes = _holes(positions, static, has_carriers, unseen)
     return (child if type(value) is list else tuple(child)), holes
 
 
 def _holes(
-    positions: tuple[int, ...], static: list[Any], twinned: bool, unseen: _Unseen
+    positions: tuple[int, ...], static: list[Any], has_carriers: bool, unseen: _Unseen
 ) -> Holes:
     types = interned(tuple(map(type, static)))
-    return interned(Holes((positions, types, twinned, unseen, *static)))
+    return interned(Holes((positions, types, has_carriers, unseen, *static)))

@@ -10,7 +10,7 @@ shardings or sentinels keeps the structure (deciding again at every flatten is w
 inox abandoned).
 
 Each field's value is walked through its built-in containers once: every `eqx.nn`
-layer met becomes its fast twin in the pytree child (`_twins`), and JAX's flatten of
+layer met becomes its fast carrier in the pytree child (`_carriers`), and JAX's flatten of
 the result gives the leaves: all arrays (or none), the field is a child; none an
 array, its value goes into the aux; both, the child is the value with `None` in each
 non-array leaf's place (`_layout`'s kinds).
@@ -29,11 +29,18 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
+from ._carriers import (
+    carrier_class,
+    is_carried_class,
+    is_carrier_class,
+    share_attributes,
+)
 from ._compat import warn_if_transformed
 from ._containers import is_watched, SCALAR_TYPES, walk, watched_containers
 from ._fields import fields_of, FieldSpec, has_partition, is_partitioned_class
 from ._layout import (
     Aux,
+    CARRIED,
     CHILD,
     Flat,
     flatten_functions as layout_flatten_functions,
@@ -49,18 +56,11 @@ from ._layout import (
     static_sequence,
     static_tree,
     StaticSequence,
-    TWINNED,
 )
 from ._mixed import punch
 from ._retrace import note_new_aux
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._static_values import needs_exact_float, snapshot_leaf
-from ._twins import (
-    is_twin_class,
-    is_twinned_class,
-    share_attributes,
-    twin_class,
-)
 
 MISSING: Final = object()
 
@@ -146,7 +146,7 @@ _SEQUENCE: Final = -1
 
 
 def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None:
-    """STATIC, CHILD or TWINNED for the values of type `kind` that need neither a
+    """STATIC, CHILD or CARRIED for the values of type `kind` that need neither a
     walk nor checks (but see `_plain_kind` for floats), `_SEQUENCE` for a tuple
     (static if it holds scalars only), else None."""
     if kind in SCALAR_TYPES:
@@ -159,8 +159,8 @@ def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None
         return None
     if kind in _plain_array_types or kind is NoneType:
         return CHILD  # None: an empty child, as in an eqx.Module (`bias=None`)
-    if _twin_class_of(kind) is not None:
-        return TWINNED  # a layer held alone: its twin decides its own leaves
+    if _carrier_class_of(kind) is not None:
+        return CARRIED  # a layer held alone: its carrier decides its own leaves
     return None
 
 
@@ -172,36 +172,36 @@ def _plain_kind(value: Any, forced_static: bool, array_field: bool) -> int | Non
     return kind
 
 
-# Per type met in a field's containers: its twin class, or None if its instances are
+# Per type met in a field's containers: its carrier class, or None if its instances are
 # kept as they are (most are arrays, numbers and functions: one dict lookup each).
-_twin_classes: dict[type, type | None] = {}
+_carrier_of_type: dict[type, type | None] = {}
 
 
-def _twin_class_of(cls: type) -> type | None:
+def _carrier_class_of(cls: type) -> type | None:
     try:
-        return _twin_classes[cls]
+        return _carrier_of_type[cls]
     except KeyError:
-        twin = twin_class(cls) if is_twinned_class(cls) else None
-        return _twin_classes.setdefault(cls, twin)
+        carrier = carrier_class(cls) if is_carried_class(cls) else None
+        return _carrier_of_type.setdefault(cls, carrier)
 
 
-def _to_twin(item: Any) -> Any:
+def _to_carrier(item: Any) -> Any:
     try:
-        twin_cls = _twin_classes[type(item)]
+        carrier_cls = _carrier_of_type[type(item)]
     except KeyError:
-        twin_cls = _twin_class_of(type(item))
-    if twin_cls is None:
+        carrier_cls = _carrier_class_of(type(item))
+    if carrier_cls is None:
         return item
-    twin = _object_new(twin_cls)
-    share_attributes(twin, item)
-    freeze_partition(twin)  # most layers: a generated split, no walk
-    return twin
+    carrier = _object_new(carrier_cls)
+    share_attributes(carrier, item)
+    freeze_partition(carrier)  # most layers: a generated split, no walk
+    return carrier
 
 
-def twinned(value: Any) -> Any:
+def with_carriers(value: Any) -> Any:
     """`value` with each `eqx.nn` layer reachable through built-in containers as its
-    twin: what an AutoModule's child holds in its place."""
-    return walk(value, ("replacement",), _to_twin, None)
+    carrier: what an AutoModule's child holds in its place."""
+    return walk(value, ("replacement",), _to_carrier, None)
 
 
 def _check_leaves(
@@ -215,7 +215,7 @@ def _check_leaves(
     """Refuses object arrays; warns of static leaves that hide arrays or cannot be
     compared, and (as Equinox does for the arguments of a generated `__init__`) of
     JAX-transformed callables nested in a field. `leaves` are those of `flattened`
-    (twins in place of layers, whose leaves differ from the layers'), which names
+    (carriers in place of layers, whose leaves differ from the layers'), which names
     their paths."""
     paths = None
     for i, (leaf, flag) in enumerate(zip(leaves, flags)):
@@ -254,24 +254,24 @@ def _split_field(
     `_decide` has taken the plain values. An explicit `static=True` is honoured for
     every leaf that is not an array."""
     array_field = array_field and not forced_static
-    carried = walk(value, (where,), _to_twin if final else None, met)
-    twinned = carried is not value
-    if not forced_static and _all_decided(carried):
-        return (TWINNED if twinned else CHILD), carried
-    if _is_dynamic(carried, array_field):
-        _note_array_type(carried)
-        leaves, treedef = [carried], None
+    walked = walk(value, (where,), _to_carrier if final else None, met)
+    has_carriers = walked is not value
+    if not forced_static and _all_decided(walked):
+        return (CARRIED if has_carriers else CHILD), walked
+    if _is_dynamic(walked, array_field):
+        _note_array_type(walked)
+        leaves, treedef = [walked], None
         flags = [True]
     else:
-        leaves, treedef = jtu.tree_flatten(carried)
+        leaves, treedef = jtu.tree_flatten(walked)
         arrays = _plain_array_types
         flags = [type(x) in arrays or _is_dynamic(x, array_field) for x in leaves]
-        if (has_partition(carried) or treedef.num_nodes != len(leaves) + 1) and any(
+        if (has_partition(walked) or treedef.num_nodes != len(leaves) + 1) and any(
             stands_for_array(x) for x, f in zip(leaves, flags) if not f
         ):  # a module, or a nest that may hold one (a flat list or tuple holds none)
-            flags = _decided_by_modules(carried, flags)
+            flags = _decided_by_modules(walked, flags)
     n_dynamic = sum(flags)
-    _check_leaves(owner, where, carried, leaves, flags, final)
+    _check_leaves(owner, where, walked, leaves, flags, final)
     if forced_static and n_dynamic:
         raise TypeError(
             f"{where} is marked eqx.field(static=True) but holds "
@@ -280,14 +280,14 @@ def _split_field(
             "or store hashable Python data there instead."
         )
     if not forced_static and n_dynamic == len(leaves):
-        return (TWINNED if twinned else CHILD), carried
+        return (CARRIED if has_carriers else CHILD), walked
     assert treedef is not None  # a lone array is a child
     if n_dynamic == 0:
         if leaves and jtu.treedef_is_leaf(treedef):
             _note_static_leaf_type(value)
             return STATIC, snapshot_leaf(value)
-        return STATIC, static_tree(value, treedef, leaves, twinned)
-    return HOLED, punch(carried, treedef, leaves, flags, twinned)
+        return STATIC, static_tree(value, treedef, leaves, has_carriers)
+    return HOLED, punch(walked, treedef, leaves, flags, has_carriers)
 
 
 # Exact types whose instances are static leaves whatever their value: JAX leaves that
@@ -304,13 +304,13 @@ def _note_static_leaf_type(value: Any) -> None:
         or isinstance(value, (np.ndarray, np.generic))
         or _is_array(value)
         or stands_for_array(value)
-        or _twin_class_of(kind) is not None
+        or _carrier_class_of(kind) is not None
     ):
         _static_leaf_types.add(kind)
 
 
 # Exact types whose instances flatten to dynamic leaves only: arrays of the types in
-# `_plain_array_types` and twins; and AutoModule classes, whose instances do so once
+# `_plain_array_types` and carriers; and AutoModule classes, whose instances do so once
 # constructed (a module still being decided may hold itself).
 _decided_types: set[type] = set()
 _module_types: set[type] = set()
@@ -325,7 +325,7 @@ def _all_decided(value: Any) -> bool:
     items = value if kind is list or kind is tuple else (value,)
     kinds = set(map(type, items))
     for kind in kinds - _decided_types - _module_types:
-        if kind in _plain_array_types or is_twin_class(kind):
+        if kind in _plain_array_types or is_carrier_class(kind):
             _decided_types.add(kind)
         elif is_partitioned_class(kind):
             _module_types.add(kind)
@@ -342,7 +342,7 @@ def _all_decided(value: Any) -> bool:
 
 
 def _decided_by_modules(value: Any, flags: list[bool]) -> list[bool]:
-    """`flags` with every leaf of an AutoModule (or twin) inside `value` dynamic: that
+    """`flags` with every leaf of an AutoModule (or carrier) inside `value` dynamic: that
     module has decided its own children (a `num_steps = 0` in a state held by another
     module's field stays a leaf, whatever that field is annotated)."""
     out: list[bool] = []
@@ -364,7 +364,7 @@ _deciding = threading.local()  # .ids: the modules whose partition is being deci
 def compute_partition(obj: Any, *, final: bool) -> Flat:
     """Decides the partition of `obj` from its current field values.
 
-    `final`: construction has ended, so layers are twinned and static values checked
+    `final`: construction has ended, so layers are carried and static values checked
     (with a warning for hidden arrays); otherwise the partition is only provisional,
     for a flatten from inside `__init__` or `__check_init__`.
     """
@@ -388,7 +388,7 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
     """The partition of an instance whose fields all hold plain values (numbers,
     strings, jax arrays, lone `eqx.nn` layers: most layers and blocks), from the
     split cached per types tuple; None if a field holds anything else or is unset,
-    or if a layer would be twinned in a provisional partition (`compute_partition`)."""
+    or if a layer would be carried in a provisional partition (`compute_partition`)."""
     spec = fields_of(type(obj))
     try:
         values = spec.read(_object_getattribute(obj, "__dict__"))
@@ -399,7 +399,7 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
         split = spec.plain_splits[types]
     except KeyError:
         split = _new_plain_split(type(obj), spec, values, types)
-    if split is None or (split.twins and not final):
+    if split is None or (split.carriers and not final):
         return None
     try:
         flat = split.flat(values)
@@ -441,7 +441,7 @@ def _new_plain_split(
         if k == STATIC
     )
     split = plain_split(
-        layout.with_types(static_types), _to_twin, sequences, _scalars_entry
+        layout.with_types(static_types), _to_carrier, sequences, _scalars_entry
     )
     return spec.plain_splits.setdefault(types, split)
 
@@ -499,7 +499,7 @@ def _decide(obj: Any, final: bool) -> Flat:
                 attrs[name] = value  # so that flatten finds every field in place
         values.append(value)
         plain = _plain_kind(value, forced_static, array_field)
-        if plain in (CHILD, STATIC):  # a layer is twinned by `_split_field`
+        if plain in (CHILD, STATIC):  # a layer is carried by `_split_field`
             (children if plain == CHILD else entries).append(value)
             kinds.append(plain)
             continue
@@ -570,9 +570,9 @@ def flatten_functions(
     cls: type,
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """The flatten functions of a new AutoModule class, whose unflatten notes the
-    static values it is traced with (`_retrace`), or of a new twin class, whose
+    static values it is traced with (`_retrace`), or of a new carrier class, whose
     unflatten fills the attributes in at once."""
-    if is_twin_class(cls):
+    if is_carrier_class(cls):
         return layout_flatten_functions(cls, _refresh, filled=True)
     return layout_flatten_functions(cls, _refresh, on_new_aux=note_new_aux)
 

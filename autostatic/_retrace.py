@@ -76,7 +76,7 @@ def _is_traced(children: tuple[Any, ...]) -> bool:
 
 def _first_leaf(tree: Any) -> Any:
     """The first leaf of `tree` through lists, tuples and the stored children of
-    AutoModules and twins; None if there is none or another node comes first."""
+    AutoModules and carriers; None if there is none or another node comes first."""
     while True:
         kind = type(tree)
         if kind is list or kind is tuple:

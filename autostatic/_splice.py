@@ -26,12 +26,12 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 
+from ._carriers import carrier_classes, real_layer, with_layers
 from ._compat import original_combine, original_filter
 from ._exposed import exposed_module
 from ._fields import fields_of, has_partition
-from ._layout import HOLED, materialise, partition_of, STATIC, TWINNED
+from ._layout import CARRIED, HOLED, materialise, partition_of, STATIC
 from ._partition import decided, is_dynamic_leaf
-from ._twins import real_layer, twin_classes, untwin
 
 # Filters known to keep no non-array leaf: the tree keeps its own form.
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)
@@ -60,7 +60,7 @@ def _filterable_static_leaves(module: Any) -> list[Any]:
 
 
 def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
-    """Equinox's filter of `tree`, each AutoModule and twin in it by `_filter_node`."""
+    """Equinox's filter of `tree`, each AutoModule and carrier in it by `_filter_node`."""
 
     def stop(x: Any) -> bool:
         return has_partition(x) or (is_leaf is not None and is_leaf(x))
@@ -80,7 +80,7 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
         node = jtu.tree_structure(module, is_leaf=lambda x: x is not module)
         return node.unflatten([_filter(c, keep, replace, is_leaf) for c in children])
     cls = type(module)
-    if fields_of(cls).twin:  # exposed, a twin is its layer
+    if fields_of(cls).carrier:  # exposed, a carrier is its layer
         return _filter(real_layer(module), keep, replace, is_leaf)
     attrs = materialise(module)
     names = fields_of(cls).names
@@ -131,14 +131,14 @@ def partition(
 
 
 def _is_exposed(x: Any) -> bool:
-    """An AutoModule in the exposed form, or an `eqx.nn` layer (a twin's exposed
+    """An AutoModule in the exposed form, or an `eqx.nn` layer (a carrier's exposed
     form)."""
     if not has_partition(x):
         return True
     kinds = partition_of(x)[1].layout.kinds
     spec = fields_of(type(x))
     return all(
-        k not in (STATIC, HOLED, TWINNED) or d
+        k not in (STATIC, HOLED, CARRIED) or d
         for k, d in zip(kinds, spec.declared_static)
     )
 
@@ -154,18 +154,18 @@ def _array_side(module: Any) -> dict[str, Any]:
         n: (attrs[n] if d else None) for n, d in zip(spec.names, spec.declared_static)
     }
     for name, kind, child in zip(layout.child_names, layout.child_kinds, children):
-        values[name] = untwin(child) if kind in (TWINNED, HOLED) else child
+        values[name] = with_layers(child) if kind in (CARRIED, HOLED) else child
     return values
 
 
-def _as_layer(twin: Any, values: dict[str, Any]) -> Any:
-    layer = object.__new__(twin_classes[type(twin)])
+def _as_layer(carrier: Any, values: dict[str, Any]) -> Any:
+    layer = object.__new__(carrier_classes[type(carrier)])
     object.__getattribute__(layer, "__dict__").update(values)
     return layer
 
 
 def _combine_nodes(xs: tuple[Any, ...], is_leaf: Any) -> Any:
-    """`combine` at a position holding AutoModules (or twins and their layers)."""
+    """`combine` at a position holding AutoModules (or carriers and their layers)."""
     present = [x for x in xs if x is not None]
     exposed = any(map(_is_exposed, present))
 
@@ -173,14 +173,14 @@ def _combine_nodes(xs: tuple[Any, ...], is_leaf: Any) -> Any:
         if x is None or not has_partition(x):
             return x
         if not exposed or _is_exposed(x):
-            return x if not fields_of(type(x)).twin else real_layer(x)
+            return x if not fields_of(type(x)).carrier else real_layer(x)
         values = _array_side(x)
-        return _as_layer(x, values) if fields_of(type(x)).twin else values
+        return _as_layer(x, values) if fields_of(type(x)).carrier else values
 
     sides = [side(x) for x in xs]
     first = next(x for x in present if has_partition(x))
     cls = type(first)
-    if fields_of(cls).twin:  # layers, combined as Equinox combines them
+    if fields_of(cls).carrier:  # layers, combined as Equinox combines them
         return combine(*sides, is_leaf=is_leaf)
     names = fields_of(cls).names
     values = [

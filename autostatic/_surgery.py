@@ -18,17 +18,17 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from ._carriers import carriers_as_attributes, is_carrier, real_layer
 from ._compat import original_inference_mode, original_tree_at
 from ._exposed import decide_again, expose
 from ._fields import has_partition
-from ._partition import is_dynamic_leaf, twinned
-from ._twins import is_twin, real_layer, twins_as_attributes
+from ._partition import is_dynamic_leaf, with_carriers
 
 _sentinel: Any = object()
 
 
 def _contains_automodule(tree: Any) -> bool:
-    """Whether `tree` holds an AutoModule (or a twin of an `eqx.nn` layer)."""
+    """Whether `tree` holds an AutoModule (or a carrier of an `eqx.nn` layer)."""
     return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
 
 
@@ -39,7 +39,7 @@ def _decided_or_container(x: Any) -> bool:
 def _arrays_only(tree: Any) -> bool:
     """Whether Equinox's own `tree_at` may put `tree` in place as it is: arrays, and
     modules with a partition of their own. A list, dict or set must be decided for
-    its new place: the layers in it twinned, its non-array items put in the aux."""
+    its new place: the layers in it carried, its non-array items put in the aux."""
     return all(
         has_partition(x) or is_dynamic_leaf(x)
         for x in jtu.tree_leaves(tree, is_leaf=_decided_or_container)
@@ -92,14 +92,14 @@ def tree_at(
     )
 
 
-def _twins_for(targets: Any, replace: Any) -> Any:
-    """`replace` with each replacement of a twin target twinned, so the result has
+def _carriers_for(targets: Any, replace: Any) -> Any:
+    """`replace` with each replacement of a carrier target carried, so the result has
     the structure of a model built with it."""
-    if is_twin(targets):
-        return twinned(replace)
+    if is_carrier(targets):
+        return with_carriers(replace)
     if isinstance(targets, (tuple, list)) and isinstance(replace, (tuple, list)):
         return type(replace)(
-            twinned(r) if is_twin(t) else r for t, r in zip(targets, replace)
+            with_carriers(r) if is_carrier(t) else r for t, r in zip(targets, replace)
         )
     return replace
 
@@ -112,7 +112,7 @@ def routed_tree_at(
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
     """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules.
-    Then Equinox's own still, on a copy of the tree whose attributes give the twins
+    Then Equinox's own still, on a copy of the tree whose attributes give the carriers
     of its layers (so a layer `where` points at is a node of the pytree), unless a
     target is static or a replacement is not arrays only; then `tree_at`."""
     if not _contains_automodule(pytree):
@@ -121,7 +121,7 @@ def routed_tree_at(
     arrays_only = replace is _sentinel or _arrays_only(replace)
 
     def where_in_pytree(tree: Any) -> Any:
-        with twins_as_attributes():
+        with carriers_as_attributes():
             return where(tree)
 
     copied = jtu.tree_map(lambda x: x, pytree)
@@ -130,8 +130,8 @@ def routed_tree_at(
 
     def checked_replace_fn(node: Any) -> Any:
         nonlocal arrays_only
-        if is_twin(node):
-            new = twinned(user_replace_fn(real_layer(node)))
+        if is_carrier(node):
+            new = with_carriers(user_replace_fn(real_layer(node)))
         else:
             new = user_replace_fn(node)
         arrays_only = arrays_only and _arrays_only(new)
@@ -141,7 +141,7 @@ def routed_tree_at(
         replace_fn = checked_replace_fn
     user_replace = replace
     if replace is not _sentinel and targets is not _sentinel:
-        replace = _twins_for(targets, replace)
+        replace = _carriers_for(targets, replace)
     kwargs = _replacements(replace, replace_fn)
     try:
         out = original_tree_at(where_in_pytree, copied, is_leaf=is_leaf, **kwargs)

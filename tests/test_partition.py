@@ -400,7 +400,7 @@ def test_a_mixed_list_is_a_list_and_its_child_the_dynamic_half():
     layers = [linear, jax.nn.relu, eqx.nn.Dropout(0.1), 2]
     net = Stack(layers)
     assert net.layers is layers and net.layers[0] is linear
-    # Layers are fast twins in the pytree only: the paths of the dynamic half.
+    # Layers are fast carriers in the pytree only: the paths of the dynamic half.
     assert [jax.tree_util.keystr(p)[len(".layers") :] for p, _ in jtu_paths(net)] == [
         jax.tree_util.keystr(p) for p, _ in jtu_paths(_dynamic_half(layers))
     ]

@@ -311,7 +311,7 @@ def test_eqx_tree_at_on_arrays_keeps_equinox_results():
     assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(model)
     linear = eqx.nn.Linear(3, 3, key=jax.random.key(7))
     swapped = eqx.tree_at(lambda m: m.layers[0], model, linear)
-    # A copy, as Equinox makes; as a layer inside an AutoModule, of the fast twin class.
+    # A copy, as Equinox makes; as a layer inside an AutoModule, of the fast carrier class.
     assert isinstance(swapped.layers[0], eqx.nn.Linear)
     assert eqx.tree_equal(
         jax.tree_util.tree_leaves(swapped.layers[0]), jax.tree_util.tree_leaves(linear)

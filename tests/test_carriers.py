@@ -1,6 +1,6 @@
-"""The fast twins of `eqx.nn` layers in an AutoModule's pytree: what must not change
+"""The fast carriers of `eqx.nn` layers in an AutoModule's pytree: what must not change
 compared with the same model written as an `eqx.Module`. The attributes hold the
-layers themselves; twins appear only in the pytree (to `is_leaf` callbacks)."""
+layers themselves; carriers appear only in the pytree (to `is_leaf` callbacks)."""
 
 import copy
 import pickle
@@ -72,7 +72,7 @@ def _pytree_layers(model):
     ]
 
 
-def test_attributes_are_the_layers_and_the_pytree_holds_their_twins():
+def test_attributes_are_the_layers_and_the_pytree_holds_their_carriers():
     model = Block(KEY)
     classes = [
         eqx.nn.MultiheadAttention,
@@ -87,10 +87,10 @@ def test_attributes_are_the_layers_and_the_pytree_holds_their_twins():
         assert jax.tree_util.tree_structure(layer) == standalone
     assert type(model.stack[2].layers[0]) is eqx.nn.Linear  # nested layers too
     assert type(model.attention.query_proj) is eqx.nn.Linear
-    # In the pytree (what an is_leaf callback sees), each is a twin: an instance of
+    # In the pytree (what an is_leaf callback sees), each is a carrier: an instance of
     # its layer class, with the layer's name and repr.
-    twins = _pytree_layers(model)
-    assert [type(t).__name__ for t in twins] == [
+    carriers = _pytree_layers(model)
+    assert [type(t).__name__ for t in carriers] == [
         "MultiheadAttention",
         "LayerNorm",
         "MLP",
@@ -98,9 +98,9 @@ def test_attributes_are_the_layers_and_the_pytree_holds_their_twins():
         "Sequential",
         "Dropout",
     ]
-    for twin, cls in zip(twins, classes):
-        assert isinstance(twin, cls) and type(twin) is not cls
-    assert repr(twins[3]).startswith("Linear(")
+    for carrier, cls in zip(carriers, classes):
+        assert isinstance(carrier, cls) and type(carrier) is not cls
+    assert repr(carriers[3]).startswith("Linear(")
     assert eqx.tree_pformat(model) == eqx.tree_pformat(EqxBlock(KEY)).replace(
         "EqxBlock", "Block"
     )
@@ -191,7 +191,7 @@ class Stack(asx.AutoModule):
     [copy.copy, copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))],
     ids=["copy", "deepcopy", "pickle"],
 )
-def test_copy_and_pickle_keep_twins(roundtrip):
+def test_copy_and_pickle_keep_carriers(roundtrip):
     # jax.nn.relu and jnp.tanh cannot be pickled or deep-copied to themselves.
     k1, k2 = jax.random.split(KEY)
     model = Stack(
@@ -206,16 +206,16 @@ def test_copy_and_pickle_keep_twins(roundtrip):
     other = roundtrip(model)
     assert jax.tree_util.tree_structure(other) == jax.tree_util.tree_structure(model)
     assert type(other.layers[0]) is type(model.layers[0])
-    twin = _pytree_layers(model)[0]
-    layer = roundtrip(twin)  # a twin on its own: as the layer it stands for
+    carrier = _pytree_layers(model)[0]
+    layer = roundtrip(carrier)  # a carrier on its own: as the layer it stands for
     assert type(layer) is eqx.nn.Linear
     assert jnp.array_equal(layer.weight, model.layers[0].weight)
 
 
-def test_a_twin_called_as_a_class_builds_a_working_layer():
-    twin_cls = type(_pytree_layers(Block(KEY))[3])
-    assert twin_cls is not eqx.nn.Linear
-    layer = twin_cls(3, 2, key=KEY)
+def test_a_carrier_called_as_a_class_builds_a_working_layer():
+    carrier_cls = type(_pytree_layers(Block(KEY))[3])
+    assert carrier_cls is not eqx.nn.Linear
+    layer = carrier_cls(3, 2, key=KEY)
     assert keystrs(layer) == [".weight", ".bias"]
     assert jax.jit(lambda lin, x: lin(x))(layer, jnp.ones(3)).shape == (2,)
 
