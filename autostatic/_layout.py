@@ -7,8 +7,8 @@ aux)` after checking that the attributes are still `values`, by identity, and th
 no list, dict or set they reach changed in place (`containers`, from
 `_containers.watched_containers`); unflatten creates the instance and fills the slot
 only (`values` None: nothing to check), and the attributes are made from it on first
-access (`materialise`). A carrier shares its attribute dict with the layer it stands
-for, so a change of the layer's attributes is seen by the carrier's flatten.
+access (`materialise`). A carrier (`_carriers`) checks nothing: its `values` are
+None.
 
 Each field is of one kind:
 
@@ -170,9 +170,12 @@ def plain_split(
         f"sequence(values[{i}]), " if i in sequences else f"values[{i}], "
         for i in static
     )
+    # A carrier's flatten checks nothing (see `_carriers`): no values to check.
+    values = "None" if fields_of(layout.cls).carrier else "values"
     source = (
         "def flat(values):\n"
-        f"    return ({picked_children}), new(Aux, (layout, {picked_static})), values, None\n"
+        f"    return ({picked_children}), new(Aux, (layout, {picked_static})), "
+        f"{values}, None\n"
     )
     namespace = {
         "new": tuple.__new__,
@@ -330,10 +333,13 @@ def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     return obj
 
 
-def _attribute_code(layout: Layout) -> tuple[list[str], list[str], str, str]:
+def _attribute_code(
+    layout: Layout, watched: bool
+) -> tuple[list[str], list[str], str, str]:
     """Source lines that compute the attribute values of a node of `layout` from
     `children` and `aux` into locals (`v0`, `v1`, ...), their field names, and the
-    expressions of the `Flat`'s values and container records."""
+    expressions of the `Flat`'s values and container records (`None` for a node
+    whose flatten checks nothing: not `watched`)."""
     names = [f.name for f in dataclasses.fields(layout.cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
     child_at = {n: i for i, n in enumerate(layout.child_names)}
     entry_at = {n: j for j, n in enumerate(layout.entry_names)}
@@ -355,6 +361,8 @@ def _attribute_code(layout: Layout) -> tuple[list[str], list[str], str, str]:
         lines.append(f"    v{i} = {value}")
         if not raw:
             reaching.append(f"v{i}")
+    if not watched:
+        return lines, names, "None", "None"
     if reaching:
         # A flat list (of layers, arrays, numbers) is recorded here; anything else
         # that may reach a container is walked.
@@ -395,10 +403,10 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
 
 def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
     """The unflatten of carriers of `layout`: it makes the carrier and the layer it
-    stands for, sharing one attribute dict filled at once (as Equinox's generated unflatten
-    fills its module's), and records the values for the carrier's flatten to check;
-    generated for the layout's fields, so that each is a few stores (no loop)."""
-    lines, names, values, containers = _attribute_code(layout)
+    stands for, sharing one attribute dict filled at once (as Equinox's generated
+    unflatten fills its module's); generated for the layout's fields, so that each is
+    a few stores (no loop)."""
+    lines, names, values, containers = _attribute_code(layout, watched=False)
     stores = [f"    attrs[{n!r}] = v{i}" for i, n in enumerate(names)]
     source = [
         "def unflatten(cls, aux, children):",
@@ -418,7 +426,7 @@ def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], An
 def _generated_materialise(layout: Layout) -> Callable[..., None]:
     """What `materialise` does for an AutoModule of `layout`: fills its attributes in
     from `(children, aux)` and records them for its flatten to check."""
-    lines, names, values, containers = _attribute_code(layout)
+    lines, names, values, containers = _attribute_code(layout, watched=True)
     stored = ", ".join(f"{n!r}: v{i}" for i, n in enumerate(names))
     source = [
         "def materialise(obj, attrs, children, aux):",

@@ -464,6 +464,8 @@ def _scalar_sequence(value: Any, array_field: bool) -> Any:
     kind = type(value)
     if kind is not tuple and kind is not list:
         return None
+    if value and type(value[0]) not in SCALAR_TYPES:
+        return None  # a list of 20,000 arrays is not looked through
     types = tuple(map(type, value))
     if not SCALAR_TYPES.issuperset(types):
         return None
@@ -534,6 +536,8 @@ def _decide(obj: Any, final: bool) -> Flat:
         kinds.append(kind)
     layout = layout_for(cls, tuple(kinds))
     aux = make_aux(layout, tuple(entries))
+    if spec.carrier:  # a carrier's flatten checks nothing (see `_carriers`)
+        return tuple(children), aux, None, None
     return tuple(children), aux, tuple(values), watched_containers(met)
 
 
