@@ -80,6 +80,47 @@ def _other_readers_of_dataclass_init() -> list[str]:
     return readers
 
 
+def _routed_name_problems() -> list[str]:
+    """What is wrong with the Equinox functions autostatic routes or relies on: the
+    public names it replaces, `eqx.Module`'s instance dict, and closure conversion."""
+    problems = []
+    tree_at = _unwrap(eqx.tree_at)
+    inference_mode = _unwrap(_eqx_nn.inference_mode)
+    if not (
+        tree_at is _unwrap(getattr(_eqx_tree, "tree_at", None))
+        and _unwrap(getattr(_eqx_shared, "tree_at", None)) is tree_at
+        and inference_mode is _unwrap(getattr(_eqx_inference, "inference_mode", None))
+        and _unwrap(getattr(eqx, "tree_inference", None)) is inference_mode
+    ):
+        problems.append(
+            "eqx.tree_at / equinox.nn._shared.tree_at / eqx.nn.inference_mode / "
+            "eqx.tree_inference are not the functions of equinox._tree and "
+            "equinox.nn._inference"
+        )
+    for module, name in (
+        (_eqx_filters, "filter"),
+        (_eqx_filters, "partition"),
+        (_eqx_filters, "combine"),
+        (_eqx_serialisation, "tree_serialise_leaves"),
+        (_eqx_serialisation, "tree_deserialise_leaves"),
+    ):
+        if _unwrap(getattr(eqx, name, None)) is not _unwrap(getattr(module, name, 0)):
+            problems.append(f"eqx.{name} is not {module.__name__}.{name}")
+    if type(vars(eqx.Module).get("__dict__")).__name__ != "getset_descriptor":
+        problems.append("eqx.Module no longer gives its instances a __dict__")
+    closure_class = getattr(_eqx_closure_to_pytree, "_Closure", object)
+    closure_call = _unwrap(vars(closure_class).get("__call__"))
+    if not hasattr(_eqx_closure_to_pytree, "_FunctionWithEquality") or (
+        "_adjust_function_closure"
+        not in getattr(getattr(closure_call, "__code__", None), "co_names", ())
+    ):
+        problems.append(
+            "equinox.internal.closure_to_pytree no longer calls its function with the "
+            "cells rebuilt from its contents"
+        )
+    return problems
+
+
 def _check_equinox() -> None:
     version = _version_tuple(eqx.__version__)
     lower, upper = SUPPORTED_EQUINOX
@@ -121,40 +162,7 @@ def _check_equinox() -> None:
     for name in ("generate_flatten_functions", "register_pytree_with_keys"):
         if name not in code_names:
             problems.append(f"_ModuleMeta.__new__ no longer calls {name}")
-    tree_at = _unwrap(eqx.tree_at)
-    inference_mode = _unwrap(_eqx_nn.inference_mode)
-    if not (
-        tree_at is _unwrap(getattr(_eqx_tree, "tree_at", None))
-        and _unwrap(getattr(_eqx_shared, "tree_at", None)) is tree_at
-        and inference_mode is _unwrap(getattr(_eqx_inference, "inference_mode", None))
-        and _unwrap(getattr(eqx, "tree_inference", None)) is inference_mode
-    ):
-        problems.append(
-            "eqx.tree_at / equinox.nn._shared.tree_at / eqx.nn.inference_mode / "
-            "eqx.tree_inference are not the functions of equinox._tree and "
-            "equinox.nn._inference"
-        )
-    for module, name in (
-        (_eqx_filters, "filter"),
-        (_eqx_filters, "partition"),
-        (_eqx_filters, "combine"),
-        (_eqx_serialisation, "tree_serialise_leaves"),
-        (_eqx_serialisation, "tree_deserialise_leaves"),
-    ):
-        if _unwrap(getattr(eqx, name, None)) is not _unwrap(getattr(module, name, 0)):
-            problems.append(f"eqx.{name} is not {module.__name__}.{name}")
-    if type(vars(eqx.Module).get("__dict__")).__name__ != "getset_descriptor":
-        problems.append("eqx.Module no longer gives its instances a __dict__")
-    closure_class = getattr(_eqx_closure_to_pytree, "_Closure", object)
-    closure_call = _unwrap(vars(closure_class).get("__call__"))
-    if not hasattr(_eqx_closure_to_pytree, "_FunctionWithEquality") or (
-        "_adjust_function_closure"
-        not in getattr(getattr(closure_call, "__code__", None), "co_names", ())
-    ):
-        problems.append(
-            "equinox.internal.closure_to_pytree no longer calls its function with the "
-            "cells rebuilt from its contents"
-        )
+    problems += _routed_name_problems()
     if problems:
         raise ImportError(
             "autostatic cannot work with the installed equinox: "
