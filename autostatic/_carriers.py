@@ -163,6 +163,7 @@ _surgery = threading.local()  # .keeps_carriers: inside `carriers_as_attributes`
 # How many threads are inside `carriers_as_attributes`: while none is, reading the
 # thread-local flag (slow next to the rest of an attribute fill-in) is skipped.
 _surgeries = [0]
+_surgeries_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -172,11 +173,13 @@ def carriers_as_attributes() -> Iterator[None]:
     pytree. Only for trees made for the surgery and discarded after it."""
     before = getattr(_surgery, "keeps_carriers", False)
     _surgery.keeps_carriers = True
-    _surgeries[0] += 1
+    with _surgeries_lock:
+        _surgeries[0] += 1
     try:
         yield
     finally:
-        _surgeries[0] -= 1
+        with _surgeries_lock:
+            _surgeries[0] -= 1
         _surgery.keeps_carriers = before
 
 

@@ -301,3 +301,33 @@ def test_shared_ties_nodes_as_in_eqx_module(init, call, x):
         np.testing.assert_allclose(a, b, rtol=1e-6)
     step(jax.tree_util.tree_map(lambda a, g: a - 0.1 * g, ours, grads), x)
     assert counter.count == 1
+
+
+def test_carriers_as_attributes_is_the_surgery_thread_s_alone():
+    # While one thread runs `eqx.tree_at` (its where function reads attributes as
+    # carriers), another thread reading an unflattened model gets the layers.
+    import threading
+
+    from autostatic._carriers import carriers_as_attributes
+
+    model = Block(KEY)
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    inside, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def surgery():
+        with carriers_as_attributes():
+            seen["surgery"] = type(jax.tree_util.tree_unflatten(treedef, leaves).norm)
+            inside.set()
+            done.wait(5)
+
+    thread = threading.Thread(target=surgery)
+    thread.start()
+    assert inside.wait(5)
+    seen["reader"] = type(jax.tree_util.tree_unflatten(treedef, leaves).norm)
+    done.set()
+    thread.join()
+    assert seen["reader"] is eqx.nn.LayerNorm
+    assert seen["surgery"] is not eqx.nn.LayerNorm
+    assert issubclass(seen["surgery"], eqx.nn.LayerNorm)
+    assert type(jax.tree_util.tree_unflatten(treedef, leaves).norm) is eqx.nn.LayerNorm

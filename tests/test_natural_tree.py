@@ -25,7 +25,8 @@ _LAYERS = {
 }
 layer_descs = st.tuples(st.just("layer"), st.sampled_from(sorted(_LAYERS)))
 nests = st.recursive(
-    st.one_of(descs, layer_descs),
+    # `None` on its own too: an empty node among leaves moves every position after it.
+    st.one_of(descs, layer_descs, st.just(("lit", None))),
     lambda children: st.one_of(*container_descs(children)),
     max_leaves=8,
 )
