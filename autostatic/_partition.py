@@ -194,7 +194,12 @@ def _to_carrier(item: Any) -> Any:
         return item
     carrier = _object_new(carrier_cls)
     share_attributes(carrier, item)
-    freeze_partition(carrier)  # most layers: a generated split, no walk
+    # Most layers: a generated split, no walk (`freeze_partition`, inlined: one call
+    # per layer of every model built).
+    flat = _plain_split(carrier, True)
+    set_partition(
+        carrier, compute_partition(carrier, final=True) if flat is None else flat
+    )
     return carrier
 
 
