@@ -45,7 +45,7 @@ class _ModuleOfFunction(str):
     (pickle and `repr` of the class need one)."""
 
     def __reduce__(self):
-        # Pickled as the plain `str` it equals: pickle writes a class's module name
+        # Pickled as the `str` it equals: pickle writes a class's module name
         # with `save` (protocols 4, 5), and `STACK_GLOBAL` takes a `str` only.
         return (str, (str(self),))
 

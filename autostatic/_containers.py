@@ -1,6 +1,6 @@
 """The built-in containers of a field's value: walking them, and watching them.
 
-An AutoModule's attributes are the very objects `__init__` assigned: plain lists,
+An AutoModule's attributes are the very objects `__init__` assigned: built-in lists,
 dicts, tuples and sets, of their own types. The pytree node keeps its decided
 `(children, aux)` beside them, so a later in-place change of a container
 (`m.layers.append(x)`, `list.append(m.layers, x)`, `heapq.heappush(m.q, x)`) must
@@ -76,7 +76,7 @@ def _defaultdict_snapshot(c: Any) -> tuple[Any, ...]:
     return (tuple(c), tuple(c.values()), c.default_factory)
 
 
-def _rebuilt_dict(kind: Callable[[dict], Any]) -> Callable[[Any, list[Any]], Any]:
+def _dict_rebuilder(kind: Callable[[dict], Any]) -> Callable[[Any, list[Any]], Any]:
     return lambda value, items: kind(dict(zip(value.keys(), items)))
 
 
@@ -85,8 +85,10 @@ def _rebuilt_dict(kind: Callable[[dict], Any]) -> Callable[[Any, list[Any]], Any
 CONTAINER_TYPES: Final[dict[type, ContainerType]] = {
     list: ContainerType(_sequence_items, lambda _, items: items, tuple),
     tuple: ContainerType(_sequence_items, lambda _, items: tuple(items)),
-    dict: ContainerType(_dict_items, _rebuilt_dict(dict), _dict_snapshot),
-    OrderedDict: ContainerType(_dict_items, _rebuilt_dict(OrderedDict), _dict_snapshot),
+    dict: ContainerType(_dict_items, _dict_rebuilder(dict), _dict_snapshot),
+    OrderedDict: ContainerType(
+        _dict_items, _dict_rebuilder(OrderedDict), _dict_snapshot
+    ),
     defaultdict: ContainerType(
         _dict_items,
         lambda value, items: defaultdict(
@@ -116,7 +118,7 @@ def container_items(value: Any) -> list[tuple[Hashable, Any]] | None:
     return None if row is None else row.items(value)
 
 
-def _rebuilt(value: Any, items: list[Any]) -> Any:
+def _with_items(value: Any, items: list[Any]) -> Any:
     """`value`, a container, with these items: itself if none changed."""
     kind = type(value)
     old = value.values() if kind in _DICT_LIKE else value
@@ -192,7 +194,7 @@ def walk(
             watched.append(value)
         if convert is None:
             return value
-        return _rebuilt(value, list(map(convert, value)))
+        return _with_items(value, list(map(convert, value)))
     items = container_items(value)
     if items is None:
         return _leaf(value, convert, watched)
@@ -222,7 +224,7 @@ def walk(
             continue
         stack.pop()
         on_path.discard(id(node))
-        result = _rebuilt(node, done)
+        result = _with_items(node, done)
         if not stack:
             return result
         stack[-1][3].append(result)

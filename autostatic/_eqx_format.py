@@ -223,7 +223,7 @@ def _read_dtype_for(stored: np.dtype, expected: np.dtype) -> bool:
     """Whether a blob of dtype `stored` can be read as `expected`."""
     if stored == expected:
         return True
-    # np.save writes ml_dtypes arrays (bfloat16, float8, int4, ...) as plain void
+    # np.save writes ml_dtypes arrays (bfloat16, float8, int4, ...) as void
     # ('|V2', '|V1'): same bytes, re-viewed from the template's dtype.
     if (
         stored.kind == "V"
@@ -349,7 +349,7 @@ def _place_blobs(slots: list[_Slot], blobs: _Blobs, name: str) -> dict[int, int]
     raise _no_fit(slots, blobs, *relaxed, name)
 
 
-def _at(name: str, key: str, blob: _Blob | None, why: str, hint: str) -> str:
+def _leaf_error(name: str, key: str, blob: _Blob | None, why: str, hint: str) -> str:
     where = f" (blob #{blob.index}, byte {blob.offset})" if blob else ""
     return f"{name}, leaf {show(key)}{where}: {why}. {hint}; nothing was loaded."
 
@@ -377,10 +377,10 @@ def _no_fit(
             f"the file ends here, but the template has more leaves that Equinox "
             f"saves (this one is {expected})"
         )
-        return CheckpointError(_at(name, slot.key, None, why, hint))
+        return CheckpointError(_leaf_error(name, slot.key, None, why, hint))
     blob = blobs.blobs[j]
     why = f"the file has {blob.describe()} where the template has {expected}"
-    return CheckpointError(_at(name, slot.key, blob, why, hint))
+    return CheckpointError(_leaf_error(name, slot.key, blob, why, hint))
 
 
 def _values_differ(

@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 from ._carriers import real_layer
 from ._fields import fields_of, has_partition
 from ._layout import CHILD, layout_for, make_aux, materialise, STATIC, unflatten
-from ._partition import decided
+from ._partition import new_decided
 
 
 def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
@@ -69,6 +69,8 @@ def decide_again(tree: Any) -> Any:
             return module
         attrs = materialise(module)
         names = fields_of(cls).names
-        return decided(cls, ((n, _map_modules(decide_module, attrs[n])) for n in names))
+        return new_decided(
+            cls, ((n, _map_modules(decide_module, attrs[n])) for n in names)
+        )
 
     return _map_modules(decide_module, tree)

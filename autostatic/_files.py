@@ -85,7 +85,7 @@ class _WritebackFile:
         self.f.flush()
 
 
-def _target(path: FilePath) -> str:
+def _replaced_file(path: FilePath) -> str:
     """The file that writing to `path` replaces: through a symbolic link, its target,
     so the link stays a link (as `open(path, "wb")` would write through it)."""
     name = os.fsdecode(os.fspath(path))
@@ -176,7 +176,7 @@ def _fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def _naming(err: OSError, target: str) -> OSError:
+def _with_path(err: OSError, target: str) -> OSError:
     """`err` with the path being saved in its message (a failed write names none)."""
     if err.filename is not None:
         return err
@@ -191,7 +191,7 @@ def _atomic_write(path: FilePath, write: Write, durable: bool) -> None:
     over the target; `durable`: the file is fsynced before the rename and the folder
     after it. A failure at any point leaves an existing file untouched and removes the
     temporary file."""
-    target = _target(path)
+    target = _replaced_file(path)
     try:
         fd, temp = _create_temp(target)
     except OSError as err:  # name the file asked for, not the temporary one
@@ -215,7 +215,7 @@ def _atomic_write(path: FilePath, write: Write, durable: bool) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         if isinstance(err, OSError):
-            raise _naming(err, target) from err
+            raise _with_path(err, target) from err
         raise
     finally:
         if fd >= 0:

@@ -68,7 +68,6 @@ class Layout:
         "entry_names",
         "entry_kinds",
         "entry_child",
-        "plain",
         "static_types",
         "untyped",
         "typed",
@@ -99,8 +98,6 @@ class Layout:
             self.child_names.index(n) if k == HOLED else -1
             for n, k in zip(self.entry_names, self.entry_kinds)
         )
-        # Children and static values are the attribute values as they are.
-        self.plain = all(k in (CHILD, STATIC) for k in kinds)
         # None for the layout of a split; the types of the aux entries for each
         # layout an instance's aux holds, one per distinct types tuple (`typed`).
         self.static_types = static_types

@@ -586,7 +586,7 @@ def flatten_functions(
     return layout_flatten_functions(cls, _refresh, on_new_aux=note_new_aux)
 
 
-def decided(cls: type, attrs: Any) -> Any:
+def new_decided(cls: type, attrs: Any) -> Any:
     """A new `cls` instance with the fields `attrs` and its partition decided,
     without calling `__init__`."""
     obj = _object_new(cls)
@@ -598,4 +598,4 @@ def decided(cls: type, attrs: Any) -> Any:
 def reduce(obj: Any) -> tuple[Any, ...]:
     """`__reduce__` for copy and pickle: the class and the attribute values (the
     partition is decided again from them)."""
-    return (decided, (type(obj), dict(materialise(obj))))
+    return (new_decided, (type(obj), dict(materialise(obj))))

@@ -31,7 +31,7 @@ from ._compat import original_combine, original_filter
 from ._exposed import exposed_module
 from ._fields import fields_of, has_partition
 from ._layout import CARRIED, HOLED, materialise, partition_of, STATIC
-from ._partition import decided, is_dynamic_leaf
+from ._partition import is_dynamic_leaf, new_decided
 
 # Filters known to keep no non-array leaf: the tree keeps its own form.
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)
@@ -186,7 +186,7 @@ def _combine_nodes(xs: tuple[Any, ...], is_leaf: Any) -> Any:
     values = [
         None if s is None else (s if type(s) is dict else materialise(s)) for s in sides
     ]
-    return decided(cls, {n: _combine_field(values, n, is_leaf) for n in names})
+    return new_decided(cls, {n: _combine_field(values, n, is_leaf) for n in names})
 
 
 def _combine_field(values: list[Any], name: str, is_leaf: Any) -> Any:

@@ -162,7 +162,7 @@ def warn_once(
 
 
 def is_uncomparable(value: Any) -> bool:
-    """Neither hashable nor comparable with a plain boolean `==`."""
+    """Neither hashable nor comparable with a `==` that gives a bool."""
     try:
         hash(value)
         return False

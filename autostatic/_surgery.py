@@ -46,7 +46,7 @@ def _arrays_only(tree: Any) -> bool:
     )
 
 
-def _targets(where: Callable[[Any], Any], pytree: Any) -> Any:
+def _selected_nodes(where: Callable[[Any], Any], pytree: Any) -> Any:
     """`where(pytree)`, or `_sentinel` if it raises: Equinox's own call then reports
     the malformed `where`."""
     try:
@@ -125,7 +125,7 @@ def routed_tree_at(
             return where(tree)
 
     copied = jtu.tree_map(lambda x: x, pytree)
-    targets = _targets(where_in_pytree, copied)
+    targets = _selected_nodes(where_in_pytree, copied)
     user_replace_fn = replace_fn
 
     def checked_replace_fn(node: Any) -> Any:
