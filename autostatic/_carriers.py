@@ -148,9 +148,9 @@ def real_layer(carrier: Any) -> Any:
 
 
 def share_attributes(carrier: Any, layer: Any) -> None:
-    """Makes `layer`'s own `__dict__` the carrier's: one dict, so that a change of the
-    layer's attributes, even by `object.__setattr__`, is the carrier's too (its flatten
-    then decides again), and no attribute is copied."""
+    """Makes `layer`'s own `__dict__` the carrier's and records the layer: one dict,
+    so that no attribute is copied and the carrier an `is_leaf` callback meets reads
+    what the layer holds."""
     _set_attributes(carrier, _object_getattribute(layer, "__dict__"))
     set_layer(carrier, layer)
 

@@ -379,6 +379,8 @@ def _attribute_code(
 
 
 def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., Any]:
+    """Compiles `source`, the function named `kind` generated for `layout`, with the
+    names generated code uses; its name in tracebacks says which layout."""
     namespace = {
         "new": _object_new,
         "set_flat": set_flat,
