@@ -36,7 +36,7 @@ import equinox as eqx
 
 from ._bound_method import MethodDescriptor, wraps_as_method
 from ._compat import set_module_attributes as _set_attributes
-from ._containers import known_leaf_types, walk
+from ._containers import add_leaf_type, known_leaf_types, walk
 from ._fields import (
     CARRIER_OF as _CARRIER_OF,
     CarrierBase,
@@ -130,7 +130,7 @@ carrier_classes: dict[type, type] = {}
 
 def register_carrier_class(carrier: type, layer_class: type) -> None:
     carrier_classes[carrier] = layer_class
-    _leaf_types.add(carrier)  # walked as an item, never into
+    add_leaf_type(carrier)  # walked as an item, never into
 
 
 def real_layer(carrier: Any) -> Any:
@@ -183,14 +183,10 @@ def carriers_as_attributes() -> Iterator[None]:
         _surgery.keeps_carriers = before
 
 
-def _keeps_carriers() -> bool:
-    return _surgeries[0] > 0 and getattr(_surgery, "keeps_carriers", False)
-
-
 def with_layers(value: Any) -> Any:
     """`value` with every carrier reachable through built-in containers replaced by its
     layer: what the attribute holds."""
-    if _surgeries[0] and _keeps_carriers():
+    if _surgeries[0] and getattr(_surgery, "keeps_carriers", False):
         return value
     kind = type(value)
     if kind in carrier_classes:  # a layer held alone

@@ -180,8 +180,8 @@ _check_equinox()
 # `_check_equinox` has verified each of these private names above.
 ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
-# Replaces the `__dict__` of an `eqx.Module` instance (a C call): a carrier and its layer
-# share one attribute dict.
+# Replaces the `__dict__` of an `eqx.Module` instance (a C call): a carrier and its
+# layer share one attribute dict.
 set_module_attributes: Callable[[Any, dict[str, Any]], None] = vars(eqx.Module)[
     "__dict__"
 ].__set__

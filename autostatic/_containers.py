@@ -154,8 +154,13 @@ _leaf_types: set[type] = set(_NOT_CONTAINERS)
 
 def known_leaf_types() -> set[type]:
     """The exact types known not to be containers (grown as they are met): a value of
-    one reaches no container."""
+    one reaches no container. Read it; add to it with `add_leaf_type`."""
     return _leaf_types
+
+
+def add_leaf_type(kind: type) -> None:
+    """Records that instances of `kind` are no containers, to be walked past."""
+    _leaf_types.add(kind)
 
 
 def _leaf(

@@ -62,7 +62,8 @@ def is_automodule_class(cls: type) -> bool:
 
 
 def has_partition(x: Any) -> bool:
-    """An AutoModule or a carrier of an Equinox layer: a node whose partition is ours."""
+    """An AutoModule or a carrier of an Equinox layer: a node whose partition is
+    ours."""
     return hasattr(type(x), _SPEC)
 
 

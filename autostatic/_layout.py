@@ -2,13 +2,13 @@
 
 An AutoModule instance (and a carrier of an Equinox layer, `_carriers`) keeps its
 attribute values in `__dict__`, exactly as assigned, and its decided pytree form in
-the slot of `Partitioned`: `(children, aux, values, containers)`. Flatten returns `(children,
-aux)` after checking that the attributes are still `values`, by identity, and that
-no list, dict or set they reach changed in place (`containers`, from
-`_containers.watched_containers`); unflatten creates the instance and fills the slot
-only (`values` None: nothing to check), and the attributes are made from it on first
-access (`materialise`). A carrier (`_carriers`) checks nothing: its `values` are
-None.
+the slot of `Partitioned`: `(children, aux, values, containers)`. Flatten returns
+`(children, aux)` after checking that the attributes are still `values`, by
+identity, and that no list, dict or set they reach changed in place (`containers`,
+from `_containers.watched_containers`); unflatten creates the instance and fills the
+slot only (`values` None: nothing to check), and the attributes are made from it on
+first access (`materialise`). A carrier (`_carriers`) checks nothing: its `values`
+are None.
 
 Each field is of one kind:
 
@@ -52,7 +52,6 @@ CHILD_KINDS: Final = (CHILD, CARRIED, HOLED)
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
-_leaf_types = known_leaf_types()
 
 
 class Layout:
@@ -137,8 +136,8 @@ class PlainSplit(NamedTuple):
     # Static float or complex fields, as (field, entry) positions: a zero or NaN
     # there is held as `ExactFloat`.
     inexact: tuple[tuple[int, int], ...]
-    # Whether a child is a layer to carrier, which a provisional partition (made while
-    # `__init__` runs) does not do.
+    # Whether a child is a layer that becomes a carrier, which a provisional partition
+    # (made while `__init__` runs) does not do.
     carriers: bool
     # The `Flat` of the field values, in one call.
     flat: "Callable[[tuple[Any, ...]], Flat]"
@@ -152,7 +151,7 @@ def plain_split(
 ) -> PlainSplit:
     """The split of the instances whose field types make `layout` (typed; CHILD,
     CARRIED and STATIC fields only), with a generated function that picks the
-    children (carrying the layers of CARRIED fields) and aux entries out of the
+    children (the carrier of each layer of a CARRIED field) and aux entries out of the
     field values: most `eqx.nn` layers, and modules holding them, are decided by it.
     The tuples at `sequences` (a shape, a kernel size) become their aux entries by
     `to_sequence`, which raises if one holds anything but scalars."""

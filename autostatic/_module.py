@@ -131,8 +131,8 @@ class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
 
     # Methods are bound by `MethodDescriptor`s installed per class, so Equinox's
     # Python-level `__getattribute__` (which wraps bound methods on every access) is
-    # not needed; `object`'s own attribute lookup is several times faster. Hidden from type
-    # checkers, which would take any attribute for known through it.
+    # not needed; `object`'s own attribute lookup is several times faster. Hidden from
+    # type checkers, which would take any attribute for known through it.
     if not TYPE_CHECKING:
         __getattribute__ = object.__getattribute__
 

@@ -4,16 +4,16 @@ The partition is decided when construction ends (`freeze_partition`) from the
 attribute values, which stay exactly as assigned, and is carried in the aux data from
 then on (`_layout`): every later flatten reads it back (after checking that no
 attribute was replaced and no container changed in place; if one was, it is decided
-again from the values as they are), and every unflatten only puts values where it says. Nothing is decided
-from an unflattened instance's values: unflattening with `None`s, in_axes ints,
-shardings or sentinels keeps the structure (deciding again at every flatten is what
-inox abandoned).
+again from the values as they are), and every unflatten only puts values where it
+says. Nothing is decided from an unflattened instance's values: unflattening with
+`None`s, in_axes ints, shardings or sentinels keeps the structure (deciding again at
+every flatten is what inox abandoned).
 
 Each field's value is walked through its built-in containers once: every `eqx.nn`
-layer met becomes its fast carrier in the pytree child (`_carriers`), and JAX's flatten of
-the result gives the leaves: all arrays (or none), the field is a child; none an
-array, its value goes into the aux; both, the child is the value with `None` in each
-non-array leaf's place (`_layout`'s kinds).
+layer met becomes its fast carrier in the pytree child (`_carriers`), and JAX's
+flatten of the result gives the leaves: all arrays (or none), the field is a child;
+none an array, its value goes into the aux; both, the child is the value with `None`
+in each non-array leaf's place (`_layout`'s kinds).
 """
 
 import functools
@@ -347,9 +347,9 @@ def _all_decided(value: Any) -> bool:
 
 
 def _decided_by_modules(value: Any, flags: list[bool]) -> list[bool]:
-    """`flags` with every leaf of an AutoModule (or carrier) inside `value` dynamic: that
-    module has decided its own children (a `num_steps = 0` in a state held by another
-    module's field stays a leaf, whatever that field is annotated)."""
+    """`flags` with every leaf of an AutoModule (or carrier) inside `value` dynamic:
+    that module has decided its own children (a `num_steps = 0` in a state held by
+    another module's field stays a leaf, whatever that field is annotated)."""
     out: list[bool] = []
     for part in jtu.tree_leaves(value, is_leaf=has_partition):
         if has_partition(part):
@@ -476,10 +476,9 @@ def _scalar_sequence(value: Any, array_field: bool) -> Any:
         return None
     if array_field and not NUMBER_TYPES.isdisjoint(types):
         return None
-    if (float in types or complex in types) and any(
-        needs_exact_float(x) for x in value if type(x) in (float, complex)
-    ):
-        return None  # held as `ExactFloat`s, by the general path
+    if float in types or complex in types:  # a zero or NaN is held as `ExactFloat`
+        leaves = [snapshot_leaf(x) for x in value]
+        return static_sequence(kind, tuple(map(type, leaves)), leaves)
     return static_sequence(kind, types, value)
 
 

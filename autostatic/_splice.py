@@ -60,7 +60,8 @@ def _filterable_static_leaves(module: Any) -> list[Any]:
 
 
 def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
-    """Equinox's filter of `tree`, each AutoModule and carrier in it by `_filter_node`."""
+    """Equinox's filter of `tree`, each AutoModule and carrier in it by
+    `_filter_node`."""
 
     def stop(x: Any) -> bool:
         return has_partition(x) or (is_leaf is not None and is_leaf(x))

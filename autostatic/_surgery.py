@@ -93,8 +93,8 @@ def tree_at(
 
 
 def _carriers_for(targets: Any, replace: Any) -> Any:
-    """`replace` with each replacement of a carrier target carried, so the result has
-    the structure of a model built with it."""
+    """`replace` with each replacement of a carrier target made a carrier, so the
+    result has the structure of a model built with it."""
     if is_carrier(targets):
         return with_carriers(replace)
     if isinstance(targets, (tuple, list)) and isinstance(replace, (tuple, list)):
