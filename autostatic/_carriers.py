@@ -189,21 +189,28 @@ def with_layers(value: Any) -> Any:
     if _surgeries[0] and getattr(_surgery, "keeps_carriers", False):
         return value
     kind = type(value)
+    if kind is list or kind is tuple:
+        # A list of layers only, the most common: read in C. `get_layer` refuses
+        # anything but a carrier (TypeError) and a carrier made by calling its class
+        # (AttributeError: it has no layer yet).
+        try:
+            items = list(map(get_layer, value))
+        except (TypeError, AttributeError):
+            items = items_with_layers(value)
+        return items if kind is list else tuple(items)
     if kind in carrier_classes:  # a layer held alone
         return real_layer(value)
-    if kind is list or kind is tuple:
-        # A flat list of layers (and other leaves), the most common: no walk.
-        types = set(map(type, value))
-        items = None
+    return walk(value, (), _real_if_carrier, None)
+
+
+def items_with_layers(items: "list[Any] | tuple[Any, ...]") -> list[Any]:
+    """The items of a list or tuple, as a new list, with every carrier reachable
+    through built-in containers replaced by its layer."""
+    if _surgeries[0] and getattr(_surgery, "keeps_carriers", False):
+        return list(items)
+    if _leaf_types.issuperset(map(type, items)):  # no container among them
         try:
-            if types <= carrier_classes.keys():  # layers only: read in C
-                items = list(map(get_layer, value))
-            elif _leaf_types.issuperset(types):
-                items = [
-                    get_layer(x) if type(x) in carrier_classes else x for x in value
-                ]
+            return [get_layer(x) if type(x) in carrier_classes else x for x in items]
         except AttributeError:  # a carrier made by calling its class
             pass
-        if items is not None:
-            return items if kind is list else tuple(items)
-    return walk(value, (), _real_if_carrier, None)
+    return list(walk(items, (), _real_if_carrier, None))

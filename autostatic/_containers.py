@@ -137,6 +137,10 @@ _SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {
 }
 
 
+# How a list is recorded: what generated code that records one inline uses.
+LIST_SNAPSHOT: Final = _SNAPSHOTS[list]
+
+
 def is_watched(kind: type) -> bool:
     """Whether a change in place to a `kind` would alter the tree: watched."""
     return kind in _SNAPSHOTS

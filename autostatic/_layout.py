@@ -7,8 +7,8 @@ the slot of `Partitioned`: `(children, aux, values, containers)`. Flatten return
 identity, and that no list, dict or set they reach changed in place (`containers`,
 from `_containers.watched_containers`); unflatten creates the instance and fills the
 slot only (`values` None: nothing to check), and the attributes are made from it on
-first access (`materialise`). A carrier (`_carriers`) checks nothing: its `values`
-are None.
+first access (`materialise`, which fills in the modules below it as well). A carrier
+(`_carriers`) checks nothing: its `values` are None.
 
 Each field is of one kind:
 
@@ -27,10 +27,12 @@ they sit.
 """
 
 import dataclasses
+import operator
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Final, NamedTuple
 
+import equinox as eqx
 import jax.tree_util as jtu
 
 from ._carriers import carrier_classes, with_layers
@@ -38,11 +40,19 @@ from ._compat import set_module_attributes as _set_attributes
 from ._containers import (
     ContainerRecords,
     known_leaf_types,
+    LIST_SNAPSHOT,
     walk,
     watched_containers,
 )
 from ._fields import fields_of, get_flat, needs_eager, set_flat, set_layer
-from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
+from ._static_values import (
+    HOLDER_TYPES,
+    interned,
+    natural_leaf,
+    natural_leaves,
+    SetValue,
+    snapshot_leaf,
+)
 
 CHILD: Final = 0
 STATIC: Final = 1
@@ -73,6 +83,8 @@ class Layout:
         "fill",
         "materialise",
         "last_aux",
+        "noted",
+        "last_noted",
     )
 
     def __init__(
@@ -106,8 +118,12 @@ class Layout:
         # filling in of an AutoModule's attributes.
         self.fill: Callable[[type, Aux, tuple[Any, ...]], Any] | None = None
         self.materialise: Callable[..., None] | None = None
-        # The aux of the node of this layout last unflattened (`_retrace`).
+        # For an unflatten that notes new static values (`_noting_new_aux`): the
+        # aux of the node of this layout last unflattened, what picks the noted
+        # entries out of an aux (`_nothing_noted` if none is), and those it held.
         self.last_aux: Aux | None = None
+        self.noted: Callable[[Aux], Any] | None = None
+        self.last_noted: Any = None
 
     def with_types(self, static_types: tuple[type, ...]) -> "Layout":
         """This split with these entry types, one object per types tuple."""
@@ -238,14 +254,58 @@ def make_aux(layout: Layout, entries: tuple[Any, ...]) -> Aux:
 
 class StaticTree(tuple):
     """A static value with structure (a list of sizes, a dict of names, a layer
-    without arrays): `(treedef, leaf types, has_carriers, *leaves)`, compared in C."""
+    without arrays): `(treedef, leaf types, has_carriers, *leaves)`, compared in C.
 
-    __slots__ = ()
+    A value built of tuples and Equinox modules only (a `Dropout`, a shape) cannot
+    change, so it is made once and shared by every read, as Equinox shares a static
+    field's value; one holding a list, dict or set is made anew for each.
+    """
+
+    # No `__slots__`: the instance dict keeps the shared value once made.
 
     def value(self) -> Any:
+        attrs = self.__dict__
+        shared = attrs.get("shared", _UNKNOWN)
+        if shared is not _UNKNOWN and shared is not _NOT_SHARED:
+            return shared
         treedef, types, has_carriers = self[:3]
         value = treedef.unflatten(natural_leaves(self[3:], types))
-        return with_layers(value) if has_carriers else value
+        value = with_layers(value) if has_carriers else value
+        if shared is _UNKNOWN:
+            immutable = SetValue not in types and _immutable_nodes(treedef)
+            attrs["shared"] = value if immutable else _NOT_SHARED
+        return value
+
+    def __reduce__(self):
+        return (StaticTree, (tuple(self),))
+
+
+_UNKNOWN: Final = object()
+_NOT_SHARED: Final = object()
+
+
+def _immutable_nodes(treedef: Any) -> bool:
+    """Whether the value `treedef` makes holds no container made anew by each read:
+    every node a tuple (or namedtuple), `None` or an Equinox module, and no module
+    of ours with a list, dict or set among its static entries."""
+    data = treedef.node_data()
+    if data is None:  # a leaf
+        return True
+    kind, node_aux = data
+    if not issubclass(kind, (tuple, type(None), eqx.Module)):
+        return False
+    if type(node_aux) is Aux and not all(map(_immutable_entry, node_aux.entries)):
+        return False
+    return all(map(_immutable_nodes, jtu.treedef_children(treedef)))
+
+
+def _immutable_entry(entry: Any) -> bool:
+    kind = type(entry)
+    if kind is StaticSequence:
+        return entry[0] is tuple and SetValue not in entry[1]
+    if kind is StaticTree:
+        return SetValue not in entry[1] and _immutable_nodes(entry[0])
+    return kind is not SetValue
 
 
 class StaticSequence(tuple):
@@ -255,7 +315,10 @@ class StaticSequence(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        return self[0](natural_leaves(self[2:], self[1]))
+        kind, types = self[0], self[1]
+        if HOLDER_TYPES.isdisjoint(types):
+            return kind(self[2:])
+        return kind(map(natural_leaf, self[2:]))
 
 
 def static_tree(
@@ -340,7 +403,7 @@ def _attribute_code(
     child_at = {n: i for i, n in enumerate(layout.child_names)}
     entry_at = {n: j for j, n in enumerate(layout.entry_names)}
     types = layout.static_types or ()
-    lines, reaching = [], []
+    lines, reaching, kinds_of = [], [], {}
     for i, (name, kind) in enumerate(zip(names, layout.kinds)):
         raw = False  # a value that is no container and reaches none
         if kind in (CHILD, CARRIED):
@@ -352,27 +415,60 @@ def _attribute_code(
                 value = f"aux[{j + 1}].value(children[{layout.entry_child[j]}])"
             elif j < len(types) and types[j] in _RAW_ENTRY_TYPES:
                 value, raw = f"aux[{j + 1}]", True
+            elif j < len(types) and types[j] in (StaticTree, StaticSequence):
+                value = f"aux[{j + 1}].value()"
             else:
                 value = f"natural(aux[{j + 1}])"
         lines.append(f"    v{i} = {value}")
+        kinds_of[f"v{i}"] = kind
         if not raw:
             reaching.append(f"v{i}")
     if not watched:
         return lines, names, "None", "None"
-    if reaching:
-        # A flat list (of layers, arrays, numbers) is recorded here; anything else
-        # that may reach a container is walked.
-        lines.append("    met = []")
-        for v in reaching:
+    # A flat list (of layers, arrays, numbers) is recorded here, as
+    # `watched_containers` would; anything else that may reach a container is
+    # walked for the containers it reaches. The AutoModules a child holds alone or
+    # as items, left to be filled in, are collected in `pending`.
+    lines.append("    met = []")
+    flat = []
+    for v in reaching:
+        if kinds_of[v] in CHILD_KINDS:
             lines += [
-                f"    if type({v}) is list and leaf_types.issuperset(map(type, {v})):",
-                f"        met.append({v})",
-                f"    elif type({v}) not in leaf_types:",
-                f"        walk({v}, (), None, met)",
+                f"    t = type({v})",
+                "    if t is list or t is tuple:",
+                f"        ts = set(map(type, {v}))",
+                "        if not lazy_classes.isdisjoint(ts):",
+                f"            pending += [x for x in {v} if type(x) in lazy_classes]",
+                "        if leaf_types.issuperset(ts):",
+                f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v})),)"
+                " if t is list else ()",
+                "        else:",
+                f"            flat_{v} = ()",
+                f"            walk({v}, (), None, met)",
+                "    else:",
+                f"        flat_{v} = ()",
+                "        if t in lazy_classes:",
+                f"            pending.append({v})",
+                "        elif t not in leaf_types:",
+                f"            walk({v}, (), None, met)",
             ]
-        containers = "watched_containers(met) if met else None"
-    else:
-        containers = "None"
+        else:
+            lines += [
+                f"    t = type({v})",
+                f"    if t is list and leaf_types.issuperset(map(type, {v})):",
+                f"        flat_{v} = ({v}, list_snapshot, list_snapshot({v})),",
+                "    else:",
+                f"        flat_{v} = ()",
+                "        if t not in leaf_types:",
+                f"            walk({v}, (), None, met)",
+            ]
+        flat.append(f"*flat_{v}, ")
+    records = "".join(flat)
+    containers = (
+        f"(({records}*watched_containers(met)) if met else ({records}) or None)"
+        if reaching
+        else "None"
+    )
     values = "(" + "".join(f"v{i}, " for i in range(len(names))) + ")"
     return lines, names, values, containers
 
@@ -391,6 +487,8 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "leaf_types": known_leaf_types(),
         "walk": walk,
         "watched_containers": watched_containers,
+        "list_snapshot": LIST_SNAPSHOT,
+        "lazy_classes": _lazy_classes,
     }
     if kind == "unflatten":
         namespace["layer_class"] = carrier_classes[layout.cls]
@@ -421,20 +519,31 @@ def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], An
     return _generated(layout, "unflatten", source)
 
 
-def _generated_materialise(layout: Layout) -> Callable[..., None]:
+def _generated_materialise(layout: Layout) -> Callable[..., Any]:
     """What `materialise` does for an AutoModule of `layout`: fills its attributes in
-    from `(children, aux)` and records them for its flatten to check."""
+    from `(children, aux)` and records them for its flatten to check; returns the
+    AutoModules its children hold that are still to be filled in. Nothing for a
+    carrier, whose attributes are filled in when it is made."""
+    if fields_of(layout.cls).carrier:
+        return _fill_nothing
     lines, names, values, containers = _attribute_code(layout, watched=True)
     stored = ", ".join(f"{n!r}: v{i}" for i, n in enumerate(names))
     source = [
-        "def materialise(obj, attrs, children, aux):",
+        "def materialise(obj, attrs, children, aux, pending):",
         *lines,
-        f"    set_flat(obj, (children, aux, {values}, {containers}))",
-        # One `update` from a complete dict: another thread reading the instance
-        # at the same time sees either no field or every field.
+        # One `update` from a complete dict, then the values that mark the instance
+        # filled in: another thread reading it at the same time sees either no
+        # field (and fills them in too) or every field.
         f"    attrs.update({{{stored}}})",
+        f"    set_flat(obj, (children, aux, {values}, {containers}))",
     ]
     return _generated(layout, "materialise", source)
+
+
+def _fill_nothing(
+    obj: Any, attrs: Any, children: Any, aux: Any, pending: list[Any]
+) -> None:
+    pass
 
 
 # Entry types that are their own attribute value (no `SetValue`, `Compared` or
@@ -500,10 +609,14 @@ NewAux = Callable[[type, Aux, tuple[Any, ...]], None]
 
 
 def _noting_new_aux(
-    base: Callable[[type, Aux, tuple[Any, ...]], Any], on_new_aux: NewAux
+    base: Callable[[type, Aux, tuple[Any, ...]], Any],
+    on_new_aux: NewAux,
+    noted_types: frozenset[type],
 ) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
-    """`base` (an unflatten) that calls `on_new_aux` when a node's aux is not the last
-    one its layout met (one identity check otherwise: aux records are interned)."""
+    """`base` (an unflatten) that calls `on_new_aux` when an aux entry of one of
+    `noted_types` is not what the last aux of its layout held: one identity check
+    for the aux a treedef repeats, one comparison in C for another (the blocks of a
+    model, each its own aux, that differ in a name)."""
     eager = base is not unflatten
 
     def unflatten_noting(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
@@ -515,10 +628,43 @@ def _noting_new_aux(
         layout = aux[0]
         if layout.last_aux is not aux:
             layout.last_aux = aux
-            on_new_aux(cls, aux, children)
+            pick = layout.noted
+            if pick is None:
+                pick = layout.noted = _picker(layout, noted_types)
+            if pick is not _nothing_noted:
+                noted = pick(aux)
+                if _differ(layout.last_noted, noted):
+                    layout.last_noted = noted
+                    on_new_aux(cls, aux, children)
         return obj
 
     return unflatten_noting
+
+
+def _nothing_noted(aux: Aux) -> None:
+    return None
+
+
+def _picker(layout: Layout, noted_types: frozenset[type]) -> Callable[[Aux], Any]:
+    """What picks the entries of `noted_types` out of an aux of `layout` (typed)."""
+    at = [
+        j + 1
+        for j, (kind, entry_type) in enumerate(
+            zip(layout.entry_kinds, layout.static_types or ())
+        )
+        if kind == STATIC and entry_type in noted_types
+    ]
+    if not at:
+        return _nothing_noted
+    get = operator.itemgetter(*at)
+    return (lambda aux: (get(aux),)) if len(at) == 1 else get
+
+
+def _differ(a: Any, b: Any) -> bool:
+    try:
+        return bool(a != b)
+    except Exception:  # noted entries are numbers and functions; be safe anyway
+        return True
 
 
 def flatten_functions(
@@ -527,6 +673,7 @@ def flatten_functions(
     *,
     filled: bool = False,
     on_new_aux: NewAux | None = None,
+    noted_types: frozenset[type] = frozenset(),
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """Flatten, flatten-with-keys and unflatten for the new class `cls`.
 
@@ -545,27 +692,47 @@ def flatten_functions(
 
     if filled:
         return flatten, flatten_with_keys, unflatten_filled
-    chosen = unflatten_eager if needs_eager(cls) else unflatten
+    if needs_eager(cls):
+        chosen = unflatten_eager
+    else:
+        chosen = unflatten
+        _lazy_classes.add(cls)
     if on_new_aux is not None:
-        chosen = _noting_new_aux(chosen, on_new_aux)
+        chosen = _noting_new_aux(chosen, on_new_aux, noted_types)
     return flatten, flatten_with_keys, chosen
 
 
 def materialise(obj: Any) -> dict[str, Any]:
-    """Returns the `__dict__` of `obj` with every field filled in."""
+    """Returns the `__dict__` of `obj` with every field filled in.
+
+    A lazily unflattened instance is filled in from its partition, and so are the
+    AutoModules below it that are still to be (each as its fields are, iteratively):
+    a module read once is usually read throughout, and each filled in here skips
+    the `__getattr__` of its own first read."""
     attrs = _object_getattribute(obj, "__dict__")
-    spec = fields_of(type(obj))
-    names = spec.names
-    # Filled in already, unless the first field is missing: other entries (e.g. from
-    # `functools.cached_property`) may have arrived first.
-    if names and names[0] not in attrs:
-        try:
-            children, aux, _, _ = get_flat(obj)
-        except AttributeError:  # still in __init__, before anything was assigned
-            return attrs
-        layout = aux[0]
-        fill = layout.materialise
-        if fill is None:
-            fill = layout.materialise = _generated_materialise(layout)
-        fill(obj, attrs, children, aux)
+    try:
+        children, aux, values, _ = get_flat(obj)
+    except AttributeError:  # still in __init__, before anything was assigned
+        return attrs
+    if values is None:  # lazily unflattened, not yet filled in (or a carrier)
+        pending: list[Any] = []
+        _fill(obj, attrs, children, aux, pending)
+        while pending:
+            module = pending.pop()
+            children, aux, values, _ = get_flat(module)
+            if values is None:
+                module_attrs = _object_getattribute(module, "__dict__")
+                _fill(module, module_attrs, children, aux, pending)
     return attrs
+
+
+def _fill(obj: Any, attrs: Any, children: Any, aux: Aux, pending: list[Any]) -> None:
+    layout = aux[0]
+    fill = layout.materialise
+    if fill is None:
+        fill = layout.materialise = _generated_materialise(layout)
+    fill(obj, attrs, children, aux, pending)
+
+
+# The AutoModule classes whose unflatten leaves the attributes to be filled in.
+_lazy_classes: set[type] = set()

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from ._carriers import with_layers
+from ._carriers import items_with_layers, with_layers
 from ._fields import has_partition
 from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
 
@@ -66,13 +66,13 @@ class Holes(tuple):
         _, types, has_carriers, unseen = self[:4]
         treedef, at = unseen.treedef, unseen.at
         leaves = natural_leaves(self[4:], types)
-        if type(treedef) is type:  # a flat list or tuple: its items are the parts
-            if type(child) is not treedef:
-                return self._slow_value(child)
-            parts = with_layers(list(child)) if has_carriers else list(child)
+        if treedef is type(child):  # a flat list or tuple: its items are the parts
+            parts = items_with_layers(child) if has_carriers else list(child)
             for i, leaf in zip(at, leaves):
                 parts[i] = leaf
             return parts if treedef is list else tuple(parts)
+        if type(treedef) is type:  # a tree_map with `is_leaf` changed the child
+            return self._slow_value(child)
         try:
             parts = treedef.flatten_up_to(child)
         except (ValueError, TypeError):

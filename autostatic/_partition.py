@@ -58,7 +58,7 @@ from ._layout import (
     StaticSequence,
 )
 from ._mixed import punch
-from ._retrace import note_new_aux
+from ._retrace import note_new_aux, NOTED_ENTRY_TYPES
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._static_values import needs_exact_float, snapshot_leaf
 
@@ -582,7 +582,9 @@ def flatten_functions(
     unflatten fills the attributes in at once."""
     if is_carrier_class(cls):
         return layout_flatten_functions(cls, _refresh, filled=True)
-    return layout_flatten_functions(cls, _refresh, on_new_aux=note_new_aux)
+    return layout_flatten_functions(
+        cls, _refresh, on_new_aux=note_new_aux, noted_types=NOTED_ENTRY_TYPES
+    )
 
 
 def new_decided(cls: type, attrs: Any) -> Any:

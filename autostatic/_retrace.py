@@ -5,23 +5,32 @@ A Python float in a field not annotated as an array is static, so each new value
 compiles anew (50 learning rates, 50 compiles), silently. JAX unflattens a jitted
 function's arguments from tracers when, and only when, it traces: so an AutoModule's
 unflatten sees every trace. It compares its aux data with the last one of the same
-layout by identity (aux records are interned: equal static values, same object), which
-is all a step that reuses its program pays; only a new aux is looked into, and only
-while tracing does it count the values of each static field. After `after` distinct
-values of one field (8 by default) it warns once, naming `Class.field`, the values and the fix.
+layout (by identity, then in C), which is all a step that reuses its program pays;
+only a new aux is looked into, only its numbers and functions, and only while tracing
+does it count the values of each static field. After `after` traces that each brought
+a new value of one field (8 by default) it warns once, naming `Class.field`, the values
+and the fix. The blocks of one model that differ in a static number are one trace.
 """
 
 import types
+import weakref
 from typing import Any
 
 import jax.tree_util as jtu
 from equinox import is_array
 from jax.core import Tracer
+from jax.extend.core import find_top_trace
 
 from ._fields import is_partitioned_class
-from ._layout import Aux, entry_value, has_stored_partition, partition_of, STATIC
+from ._layout import (
+    Aux,
+    entry_value,
+    has_stored_partition,
+    partition_of,
+    STATIC,
+)
 from ._static_checks import warn_once
-from ._static_values import static_equal
+from ._static_values import ExactFloat, static_key
 
 
 class RetraceWarning(UserWarning):
@@ -35,19 +44,37 @@ class RetraceWarning(UserWarning):
 # loop whose step gets a new static learning rate each call reaches it in 8 steps.
 DEFAULT_AFTER = 8
 _after: int | None = DEFAULT_AFTER
-# (class, field) -> the distinct static values traced there (up to `_KEPT`).
-_seen: dict[tuple[type, str], list[Any]] = {}
-_KEPT = 8
+_KEPT = 8  # values shown in a warning
 _generation = 0  # a new one per `warn_on_retrace`: each field may warn again
+
+
+class _Seen:
+    """The static values one field has been traced with."""
+
+    __slots__ = ("keys", "shown", "traces", "last_trace")
+
+    def __init__(self) -> None:
+        self.keys: set[Any] = set()  # `static_key` of each value
+        self.shown: list[Any] = []  # the first `_KEPT` values
+        self.traces = 0  # how many traces brought a new value
+        self.last_trace: weakref.ref[Any] | None = None
+
+
+# (class, field) -> what it has been traced with.
+_seen: dict[tuple[type, str], _Seen] = {}
+# The types of the aux entries whose values are counted (`NOTED_ENTRY_TYPES`): an
+# unflatten calls `note_new_aux` only when one of these entries of its layout changed.
+NOTED_ENTRY_TYPES = frozenset({int, float, complex, ExactFloat, types.FunctionType})
 
 
 def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
     """Warn (`RetraceWarning`) when a static number or function of an AutoModule field
-    has been traced with `after` distinct values; `None` turns the check off.
+    has brought a new value to `after` traces; `None` turns the check off.
 
     **Arguments:**
 
-    - `after`: how many distinct values of one field make a warning (at least 2).
+    - `after`: how many traces with a new value of one field make a warning (at
+      least 2).
     """
     global _after, _generation
     if after is not None and after < 2:
@@ -58,10 +85,10 @@ def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
 
 
 def note_new_aux(cls: type, aux: Aux, children: tuple[Any, ...]) -> None:
-    """Called by an AutoModule's unflatten for an aux that is not the last one of its
-    layout: while tracing, counts the values of its static fields."""
+    """Called by an AutoModule's unflatten when a static number or function in its aux
+    is not what the last one of its layout held: while tracing, counts the values."""
     if _after is not None and _is_traced(children):
-        _note(cls, aux)
+        _note(cls, aux, find_top_trace(()))
 
 
 def _is_traced(children: tuple[Any, ...]) -> bool:
@@ -92,7 +119,7 @@ def _first_leaf(tree: Any) -> Any:
             return tree
 
 
-def _note(cls: type, aux: Aux) -> None:
+def _note(cls: type, aux: Aux, trace: Any) -> None:
     layout = aux.layout
     for name, kind, entry in zip(layout.entry_names, layout.entry_kinds, aux.entries):
         if kind != STATIC:
@@ -100,16 +127,22 @@ def _note(cls: type, aux: Aux) -> None:
         value = entry_value(entry)
         if not _is_varying_kind(value):
             continue
-        key = (cls, name)
-        values = _seen.setdefault(key, [])
-        if any(static_equal(value, v) for v in values):
+        seen = _seen.get((cls, name))
+        if seen is None:
+            seen = _seen.setdefault((cls, name), _Seen())
+        key = static_key(value)
+        if key in seen.keys:
             continue
-        if len(values) < _KEPT:
-            values.append(value)
-        if _after is not None and len(values) >= _after:
+        seen.keys.add(key)
+        if len(seen.shown) < _KEPT:
+            seen.shown.append(value)
+        if seen.last_trace is None or seen.last_trace() is not trace:
+            seen.last_trace = weakref.ref(trace)
+            seen.traces += 1
+        if _after is not None and seen.traces >= _after:
             warn_once(
                 ("retrace", str(_generation), cls.__qualname__, str(id(cls)), name),
-                _message(cls, name, values),
+                _message(cls, name, len(seen.keys), seen.shown),
                 RetraceWarning,
             )
 
@@ -119,18 +152,18 @@ def _is_varying_kind(value: Any) -> bool:
     return kind in (int, float, complex) or kind is types.FunctionType
 
 
-def _message(cls: type, name: str, values: list[Any]) -> str:
+def _message(cls: type, name: str, count: int, values: list[Any]) -> str:
     where = f"{cls.__qualname__}.{name}"
     if type(values[0]) is types.FunctionType:
         return (
-            f"{where} has been traced with {len(values)} different function objects "
+            f"{where} has been traced with {count} different function objects "
             f"({values[0].__qualname__}, ...): each new one compiles anew. Define the "
             "function once (not a lambda or closure made per call), or hold its "
             "changing data as arrays in the module."
         )
     shown = ", ".join(map(repr, values[:_KEPT]))
     return (
-        f"{where} has been traced with {len(values)} different values ({shown}): it "
+        f"{where} has been traced with {count} different values ({shown}): it "
         "is a static Python number, so each new value compiles anew. If it changes "
         f"between calls, annotate the field as an array (`{name}: float | jax.Array`) "
         f"or convert it (`{name}: jax.Array = eqx.field(converter=jnp.asarray)`), "

@@ -70,6 +70,12 @@ def static_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def static_key(x: Any) -> tuple[type, Any]:
+    """A hashable key of a hashable static leaf, equal for leaves `static_equal`
+    equates."""
+    return (type(x), _exact_form(x))
+
+
 class SetValue(frozenset):
     """A set held as a static leaf: a frozen copy, so that mutating the attribute's
     set cannot change a treedef JAX has cached. Reads back as a `set`."""

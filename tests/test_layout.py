@@ -5,6 +5,7 @@ import pickle
 import sys
 import threading
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -124,3 +125,66 @@ def test_lazy_fill_in_is_never_seen_half_done_by_other_threads():
     finally:
         sys.setswitchinterval(old_interval)
     assert problems == [], problems[:5]
+
+
+class HoldsStatic(asx.AutoModule):
+    w: jax.Array
+    config: tuple
+    sizes: list
+
+
+def test_an_immutable_static_value_is_shared_and_a_mutable_one_is_not():
+    # As Equinox shares a static field's value: a layer without arrays (a tree of
+    # modules and tuples) is made once; a list is made anew for every read, so
+    # changing one model's list changes no other's.
+    model = HoldsStatic(jnp.ones(2), (eqx.nn.Dropout(0.1), (2, 3)), [[1, 2], [3]])
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    a, b = (jax.tree_util.tree_unflatten(treedef, leaves) for _ in range(2))
+    assert type(a.config[0]) is eqx.nn.Dropout and a.config[0].p == 0.1
+    assert a.config == (eqx.nn.Dropout(0.1), (2, 3))
+    assert a.config is b.config
+    assert a.sizes == b.sizes == [[1, 2], [3]] and a.sizes is not b.sizes
+    assert a.sizes[0] is not b.sizes[0]
+    a.sizes[0].append(9)
+    assert b.sizes == [[1, 2], [3]]
+    assert jax.tree_util.tree_structure(a) != treedef  # the change is seen
+    assert jax.tree_util.tree_structure(b) == treedef
+
+
+class Inner(asx.AutoModule):
+    xs: list
+    n: int
+
+
+class Outer(asx.AutoModule):
+    inners: list
+    single: Inner
+
+
+def test_modules_filled_in_with_their_parent_still_see_changes_in_place():
+    # Reading a lazily unflattened module fills in the modules below it too; each
+    # records its own lists then, so a later change in place is seen by jax.jit.
+    model = Outer([Inner([jnp.ones(2)], 1), Inner([jnp.ones(2)], 2)], Inner([], 3))
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    fresh = jax.tree_util.tree_unflatten(treedef, leaves)
+    first, single = fresh.inners[0], fresh.single
+    first.xs.append(jnp.zeros(3))
+    single.xs.append(jnp.zeros(1))
+    total = jax.jit(lambda m: sum(x.sum() for i in m.inners for x in i.xs))
+    assert len(jax.tree_util.tree_leaves(fresh)) == 4
+    assert float(total(fresh)) == 4.0
+    assert [i.n for i in fresh.inners] == [1, 2] and single.n == 3
+
+
+class Config(asx.AutoModule):
+    sizes: list
+    name: str
+
+
+def test_a_static_module_holding_a_list_is_made_anew_for_each_read():
+    model = HoldsStatic(jnp.ones(2), (Config([1, 2], "c"), "tag"), [])
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    a, b = (jax.tree_util.tree_unflatten(treedef, leaves) for _ in range(2))
+    assert a.config[0].sizes == [1, 2] and a.config[0] is not b.config[0]
+    a.config[0].sizes.append(3)
+    assert b.config[0].sizes == [1, 2]

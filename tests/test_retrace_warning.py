@@ -87,3 +87,32 @@ def test_the_default_waits_for_eight_values():
 def test_warn_on_retrace_checks_its_argument():
     with pytest.raises(ValueError, match="at least 2"):
         asx.warn_on_retrace(1)
+
+
+class Block(asx.AutoModule):
+    w: jax.Array
+    scale: float
+
+
+class Stack(asx.AutoModule):
+    blocks: list
+
+
+def test_blocks_differing_in_a_static_number_are_one_trace():
+    # One model whose 12 blocks each hold their own static float compiles once: its
+    # one trace meets 12 values of Block.scale, and that is no retrace.
+    model = Stack([Block(jnp.ones(2), 0.1 * i + 0.05) for i in range(12)])
+    counter = TraceCounter(lambda m: sum(b.w * b.scale for b in m.blocks))
+    f = jax.jit(counter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f(model)
+        f(jax.tree.map(lambda x: x + 1, model))
+    assert counter.count == 1
+
+
+def test_new_values_in_separate_traces_still_warn_with_many_blocks():
+    f = jax.jit(lambda m: sum(b.w * b.scale for b in m.blocks))
+    with pytest.warns(asx.RetraceWarning, match=r"Block\.scale has been traced"):
+        for step in range(3):
+            f(Stack([Block(jnp.ones(2), step + 0.01 * i) for i in range(4)]))
