@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import re
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -230,8 +231,33 @@ def creating_subclass(bases: tuple[type, ...]) -> Iterator[None]:
 
 def warn_if_transformed(cls: type, value: Any) -> None:
     """Equinox's warning for a JAX-transformed callable (`jax.jit(layer)`) stored in
-    a module, where its arrays are baked in as constants."""
-    _eqx_module._warn_jax_transformed_function(cls, value)  # pyright: ignore[reportPrivateUsage]  # verified at import
+    a module, where its arrays are baked in as constants.
+
+    Equinox's check flattens what the callable wraps (3 us for `jax.nn.relu`, a
+    `custom_jvp`, in every block of a model): an object found to hide no array is
+    remembered (weakly, by identity) and not looked into again."""
+    key = id(value)
+    seen = _hides_no_array.get(key)
+    if seen is not None and seen() is value:
+        return
+    check = _eqx_module._warn_jax_transformed_function  # pyright: ignore[reportPrivateUsage]  # verified at import
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check(cls, value)
+    if caught:
+        check(cls, value)  # again, to warn as Equinox warns
+    else:
+        try:
+            ref = weakref.ref(value)
+        except TypeError:  # not weakly referable: looked into each time
+            return
+        if len(_hides_no_array) >= 4096:  # bounded: the callables of a few models
+            _hides_no_array.clear()
+        _hides_no_array[key] = ref
+
+
+# id -> weak reference of each callable found to hide no array (`warn_if_transformed`).
+_hides_no_array: "dict[int, weakref.ref[Any]]" = {}
 
 
 def has_unread_closure(value: Any) -> bool:

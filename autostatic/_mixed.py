@@ -190,17 +190,31 @@ def _punch_items(
             i += 1
         if i == len(child):
             return None
-        child[i] = None
         at.append(i)
-        static.append(snapshot_leaf(leaf))
+        static.append(leaf)
         i += 1
+    return punch_items(type(value), child, at, static, has_carriers)
+
+
+def punch_items(
+    kind: type,
+    items: list[Any],
+    at: list[int],
+    static: list[Any],
+    has_carriers: bool,
+) -> tuple[Any, Holes]:
+    """The child and `Holes` of a list or tuple (`kind`) of these `items`, whose
+    non-array leaves are the items `static` at positions `at`: the child holds
+    `None` there (`items` is changed in place)."""
+    for i in at:
+        items[i] = None
     positions = interned(tuple(at))
-    unseen = _unseens.get((type(value), positions))
+    unseen = _unseens.get((kind, positions))
     if unseen is None:
         paths = tuple((jtu.SequenceKey(i),) for i in positions)
-        unseen = _unseen(type(value), positions, paths)
-    holes = _holes(positions, static, has_carriers, unseen)
-    return (child if type(value) is list else tuple(child)), holes
+        unseen = _unseen(kind, positions, paths)
+    holes = _holes(positions, [snapshot_leaf(x) for x in static], has_carriers, unseen)
+    return (items if kind is list else tuple(items)), holes
 
 
 def _holes(

@@ -57,7 +57,7 @@ from ._layout import (
     static_tree,
     StaticSequence,
 )
-from ._mixed import punch
+from ._mixed import punch, punch_items
 from ._retrace import note_new_aux, NOTED_ENTRY_TYPES
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._static_values import needs_exact_float, snapshot_leaf
@@ -277,6 +277,9 @@ def _split_field(
             flags = _decided_by_modules(walked, flags)
     n_dynamic = sum(flags)
     _check_leaves(owner, where, walked, leaves, flags, final)
+    for leaf, flag in zip(leaves, flags):  # so that `_split_flat` takes them next
+        if not flag and type(leaf) not in _static_leaf_types:
+            _note_static_leaf_type(leaf)
     if forced_static and n_dynamic:
         raise TypeError(
             f"{where} is marked eqx.field(static=True) but holds "
@@ -293,6 +296,68 @@ def _split_field(
             return STATIC, snapshot_leaf(value)
         return STATIC, static_tree(value, treedef, leaves, has_carriers)
     return HOLED, punch(walked, treedef, leaves, flags, has_carriers)
+
+
+def _split_flat(
+    owner: type, where: str, value: Any, final: bool, met: list[Any]
+) -> tuple[int, Any] | None:
+    """`_split_field` for a flat list or tuple whose items' types alone decide them
+    (a block's `[Linear, relu, Linear, Dropout]`): arrays, `eqx.nn` layers, `None`,
+    and static leaves of types met before (functions, strings, exact numbers).
+    Holding an array directly or through a layer, it is a child, with holes if it
+    also holds static leaves; None for any other value, which takes the walk."""
+    kind = type(value)
+    if not final or (kind is not list and kind is not tuple):
+        return None
+    types = set(map(type, value))
+    if types.isdisjoint(_static_leaf_types) and types.isdisjoint(SCALAR_TYPES):
+        return None  # no static item: the walk's own flat path is quicker
+    items = list(value)
+    at = []
+    carriers = dynamic = False
+    for i, item in enumerate(items):
+        item_kind = type(item)
+        if item_kind in _plain_array_types:
+            dynamic = True
+        elif item_kind is NoneType:
+            continue
+        elif item_kind in _static_leaf_types or (
+            item_kind in SCALAR_TYPES and _plain_kind(item, False, False) == STATIC
+        ):
+            at.append(i)
+        elif _carrier_class_of(item_kind) is not None:
+            carriers = True
+        else:
+            return None  # a module, a container, a value to look into
+    if not at:
+        return None  # no static item: the walk's own flat path is quicker
+    static = [items[i] for i in at]
+    if carriers:
+        items = list(map(_to_carrier, items))
+        # A layer without arrays (a `Dropout`) holds no leaf: look for one.
+        dynamic = dynamic or any(
+            map(jtu.tree_leaves, (x for x in items if is_carrier_class(type(x))))
+        )
+    if not dynamic:
+        return None  # all static: a static tree, as the walk decides
+    if kind is list:
+        met.append(value)
+    _check_static_items(owner, where, at, static)
+    return HOLED, punch_items(kind, items, at, static, carriers)
+
+
+def _check_static_items(
+    owner: type, where: str, at: list[int], static: list[Any]
+) -> None:
+    """`_check_leaves` for the static items of a flat list or tuple, at `at`."""
+    for i, leaf in zip(at, static):
+        if type(leaf) in SCALAR_TYPES:
+            continue
+        warn_if_transformed(owner, leaf)
+        problem = _static_problem(leaf)
+        if problem is not None:
+            path = f"{where}[{i}]"
+            warn_once((path, problem), f"{path} {problem}")
 
 
 # Exact types whose instances are static leaves whatever their value: JAX leaves that
@@ -522,9 +587,20 @@ def _decide(obj: Any, final: bool) -> Flat:
                 met.append(value)
             continue
         try:
-            kind, part = _split_field(
-                cls, f"{qualname}.{name}", value, forced_static, array_field, final, met
-            )
+            split = None
+            if not (forced_static or array_field):
+                split = _split_flat(cls, f"{qualname}.{name}", value, final, met)
+            if split is None:
+                split = _split_field(
+                    cls,
+                    f"{qualname}.{name}",
+                    value,
+                    forced_static,
+                    array_field,
+                    final,
+                    met,
+                )
+            kind, part = split
         except _ContainsItself:
             raise TypeError(
                 f"{qualname}.{name} holds the {qualname} instance itself: a module "

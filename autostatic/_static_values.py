@@ -36,13 +36,31 @@ def _exact_under_eq(x: Any) -> bool:
     return kind is not Compared
 
 
+# Exact types of the items met in records that are neither floats, complex numbers,
+# `Compared` nor tuples: a record of only these is exact under `==` with no look at
+# each item (most are: types, ints, strings, functions, layouts).
+_plain_item_types: set[type] = set()
+
+
+def _all_exact_under_eq(record: Any) -> bool:
+    for x in record:
+        kind = type(x)
+        if kind in _plain_item_types:
+            continue
+        if not _exact_under_eq(x):
+            return False
+        if kind not in _NOT_PLAIN_TYPES and not issubclass(kind, tuple):
+            _plain_item_types.add(kind)
+    return True
+
+
 def interned(record: Any) -> Any:
     """One object per value for aux records (their small tuples, the records, a
     node's whole aux), so that two models built alike hold the same objects, which
     JAX compares by identity in C. A record holding a zero or NaN float, or a value
     that cannot be hashed, is kept as it is."""
     try:
-        if not all(map(_exact_under_eq, record)):
+        if not _all_exact_under_eq(record):
             return record
         found = _interned.get(record)
     except TypeError:  # an unhashable item
@@ -142,6 +160,10 @@ class Compared:
 
     def __repr__(self) -> str:
         return f"Compared({self.value!r})"
+
+
+# Item types whose every value must be looked at (`_all_exact_under_eq`).
+_NOT_PLAIN_TYPES: Final = frozenset({float, complex, Compared})
 
 
 class SameProgram:

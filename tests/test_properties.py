@@ -106,3 +106,71 @@ def test_static_numbers_give_the_eager_result_under_jit(number, wrap):
     np.testing.assert_array_equal(
         np.signbit(np.real(jitted)), np.signbit(np.real(eager))
     )
+
+
+_FLAT_ITEMS = st.sampled_from(
+    [
+        "array",
+        "linear",
+        "dropout",
+        "relu",
+        "str",
+        "int",
+        "half",
+        "zero",
+        "none",
+        "lambda",
+    ]
+)
+
+
+def _flat_item(name: str):
+    return {
+        "array": lambda: jnp.ones(2),
+        "linear": lambda: eqx.nn.Linear(2, 2, key=jax.random.key(0)),
+        "dropout": lambda: eqx.nn.Dropout(0.1),
+        "relu": lambda: jax.nn.relu,
+        "str": lambda: "gelu",
+        "int": lambda: 3,
+        "half": lambda: 0.5,
+        "zero": lambda: -0.0,
+        "none": lambda: None,
+        "lambda": lambda: lambda x: x,
+    }[name]()
+
+
+@property_settings
+@given(st.lists(_FLAT_ITEMS, max_size=6), st.booleans())
+def test_a_flat_sequence_is_split_by_item_types_as_the_walk_splits_it(names, as_tuple):
+    # `_split_flat` decides a flat list from its items' types alone; whatever it
+    # decides must be what the general walk decides: the same kind, child treedef,
+    # child leaves and aux entry.
+    from autostatic import _partition
+
+    # Every static item type is met once through the walk first, as in a program.
+    for name in names:
+        _partition._split_field(
+            Box, "Box.a", [_flat_item(name)], False, False, True, []
+        )
+    value = [_flat_item(name) for name in names]
+    value = tuple(value) if as_tuple else value
+    fast = _partition._split_flat(Box, "Box.a", value, True, [])
+    walked = _partition._split_field(Box, "Box.a", value, False, False, True, [])
+    if fast is None:  # not a sequence whose item types decide it
+        static = {"relu", "str", "int", "half", "lambda"} & set(names)
+        dynamic = {"array", "linear"} & set(names)
+        assert not static or not dynamic or "zero" in names  # a zero: exactly
+        return
+    assert fast[0] == walked[0]
+    if fast[0] == _partition.HOLED:
+        (fast_child, fast_holes), (walked_child, walked_holes) = fast[1], walked[1]
+        assert fast_holes == walked_holes
+    else:
+        fast_child, walked_child = fast[1], walked[1]
+    assert jax.tree_util.tree_structure(fast_child) == jax.tree_util.tree_structure(
+        walked_child
+    )
+    fast_leaves = jax.tree_util.tree_leaves(fast_child)
+    walked_leaves = jax.tree_util.tree_leaves(walked_child)
+    assert len(fast_leaves) == len(walked_leaves)
+    assert all(a is b for a, b in zip(fast_leaves, walked_leaves))
