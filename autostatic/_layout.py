@@ -184,10 +184,35 @@ def plain_split(
     )
     # A carrier's flatten checks nothing (see `_carriers`): no values to check.
     values = "None" if fields_of(layout.cls).carrier else "values"
-    source = (
-        "def flat(values):\n"
-        f"    return ({picked_children}), new(Aux, (layout, {picked_static})), "
-        f"{values}, None\n"
+    inexact = tuple(
+        (i, j)
+        for j, (i, kind) in enumerate(zip(static, layout.static_types or ()))
+        if kind is float or kind is complex
+    )
+    if inexact:
+        aux = f"new(Aux, (layout, {picked_static}))"
+        reuse = []
+    else:
+        # The layers of a model mostly share their sizes and flags: the aux of the
+        # last instance is reused when its entries are equal (exactly, as no entry
+        # is a float), one object fewer per layer. One cell, read once: a thread
+        # sees a matching pair or none.
+        aux = "aux"
+        reuse = [
+            f"    entries = ({picked_static})",
+            "    last = last_aux[0]",
+            "    if last[0] == entries:",
+            "        aux = last[1]",
+            "    else:",
+            "        aux = new(Aux, (layout, *entries))",
+            "        last_aux[0] = (entries, aux)",
+        ]
+    source = "\n".join(
+        [
+            "def flat(values):",
+            *reuse,
+            f"    return ({picked_children}), {aux}, {values}, None",
+        ]
     )
     namespace = {
         "new": tuple.__new__,
@@ -195,14 +220,13 @@ def plain_split(
         "layout": layout,
         "carrier": to_carrier,
         "sequence": to_sequence,
+        "last_aux": [((_NO_ENTRIES,), None)],
     }
     exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
-    inexact = tuple(
-        (i, j)
-        for j, (i, kind) in enumerate(zip(static, layout.static_types or ()))
-        if kind is float or kind is complex
-    )
     return PlainSplit(layout, inexact, CARRIED in kinds, namespace["flat"])
+
+
+_NO_ENTRIES: Final = object()  # equal to no entry: the reused aux before the first
 
 
 _layouts: "weakref.WeakKeyDictionary[type, dict[tuple[int, ...], Layout]]" = (

@@ -331,3 +331,28 @@ def test_carriers_as_attributes_is_the_surgery_thread_s_alone():
     assert seen["surgery"] is not eqx.nn.LayerNorm
     assert issubclass(seen["surgery"], eqx.nn.LayerNorm)
     assert type(jax.tree_util.tree_unflatten(treedef, leaves).norm) is eqx.nn.LayerNorm
+
+
+class Layers(asx.AutoModule):
+    layers: list
+
+
+def _carrier_auxes(model):
+    (child,) = jax.tree_util.tree_structure(model).children()
+    return [node.node_data()[1] for node in child.children()]
+
+
+def test_layers_of_equal_sizes_share_their_aux_and_floats_stay_exact():
+    key = jax.random.key(0)
+    model = Layers(
+        [eqx.nn.Linear(2, 3, key=key), eqx.nn.Linear(2, 3, key=key)]
+        + [eqx.nn.Linear(3, 2, key=key), eqx.nn.Linear(2, 3, key=key)]
+    )
+    a, b, c, d = _carrier_auxes(model)
+    assert a is b and b is not c and c != a and d == a
+    # A float entry is never matched by `==` alone: 0.0 and -0.0 stay apart.
+    zero, negative = _carrier_auxes(Layers([eqx.nn.Dropout(0.0), eqx.nn.Dropout(-0.0)]))
+    assert zero != negative
+    dropouts = Layers([eqx.nn.Dropout(-0.0), eqx.nn.Dropout(0.0)])
+    signs = [str(layer.p) for layer in jax.tree.map(lambda x: x, dropouts).layers]
+    assert signs == ["-0.0", "0.0"]
