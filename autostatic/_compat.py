@@ -22,7 +22,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import equinox as eqx
 import equinox._filters as _eqx_filters
@@ -122,6 +122,24 @@ def _routed_name_problems() -> list[str]:
     return problems
 
 
+# The names `eqx.Module.__setattr__` uses, in the verified versions.
+_MODULE_SETATTR_NAMES: Final = frozenset(
+    {
+        "_currently_initialising",
+        "_module_info",
+        "type",
+        "names_set",
+        "WRAPPER_FIELD_NAMES",
+        "_error_method_assignment",
+        "_warn_jax_transformed_function",
+        "object",
+        "__setattr__",
+        "dataclasses",
+        "FrozenInstanceError",
+    }
+)
+
+
 def _check_equinox() -> None:
     version = _version_tuple(eqx.__version__)
     lower, upper = SUPPORTED_EQUINOX
@@ -134,6 +152,8 @@ def _check_equinox() -> None:
         "MSG_METHOD_IN_INIT",
         "_has_dataclass_init",
         "_warn_jax_transformed_function",
+        "_error_method_assignment",
+        "_transform_types",
         "_ModuleMeta",
         "WRAPPER_FIELD_NAMES",
     ):
@@ -163,6 +183,12 @@ def _check_equinox() -> None:
     for name in ("generate_flatten_functions", "register_pytree_with_keys"):
         if name not in code_names:
             problems.append(f"_ModuleMeta.__new__ no longer calls {name}")
+    # `assign_in_init` does what `Module.__setattr__` does for a field in `__init__`.
+    setattr_code = getattr(
+        _unwrap(vars(eqx.Module).get("__setattr__")), "__code__", None
+    )
+    if set(getattr(setattr_code, "co_names", ())) != _MODULE_SETATTR_NAMES:
+        problems.append("Module.__setattr__ no longer does what assign_in_init does")
     problems += _routed_name_problems()
     if problems:
         raise ImportError(
@@ -236,6 +262,8 @@ def warn_if_transformed(cls: type, value: Any) -> None:
     Equinox's check flattens what the callable wraps (3 us for `jax.nn.relu`, a
     `custom_jvp`, in every block of a model): an object found to hide no array is
     remembered (weakly, by identity) and not looked into again."""
+    if type(value) not in _eqx_module._transform_types:  # pyright: ignore[reportPrivateUsage]  # verified at import
+        return  # what Equinox's check looks at first
     key = id(value)
     seen = _hides_no_array.get(key)
     if seen is not None and seen() is value:
@@ -254,6 +282,16 @@ def warn_if_transformed(cls: type, value: Any) -> None:
         if len(_hides_no_array) >= 4096:  # bounded: the callables of a few models
             _hides_no_array.clear()
         _hides_no_array[key] = ref
+
+
+def assign_in_init(module: Any, name: str, value: Any) -> None:
+    """What `eqx.Module.__setattr__` does for a declared field while `__init__` runs
+    (the caller has checked both; verified at import), with its transformed-callable
+    check remembered per object (`warn_if_transformed`): Equinox's own `__setattr__`
+    would look into `jax.nn.relu` at every assignment."""
+    _eqx_module._error_method_assignment(module, value)  # pyright: ignore[reportPrivateUsage]  # verified at import
+    warn_if_transformed(type(module), value)
+    object.__setattr__(module, name, value)
 
 
 # id -> weak reference of each callable found to hide no array (`warn_if_transformed`).

@@ -11,6 +11,7 @@ from typing_extensions import dataclass_transform
 from . import _fields, _layout, _partition
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._compat import (
+    assign_in_init,
     creating_subclass,
     currently_initialising,
     has_dataclass_init,
@@ -168,7 +169,7 @@ class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
                         f"{type(self).__qualname__}.{name}: {METHOD_IN_INIT_MESSAGE}"
                     )
                 if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
-                    eqx.Module.__setattr__(self, name, value)
+                    assign_in_init(self, name, value)
                     return
                 raise AttributeError(
                     f"{type(self).__qualname__}.{name} is not a declared field. Declare "

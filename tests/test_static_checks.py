@@ -306,3 +306,26 @@ def test_every_class_holding_a_function_with_a_hidden_array_warns():
         cls = type(name, (asx.AutoModule,), {"__annotations__": {"f": Any}})
         with pytest.warns(UserWarning, match=rf"{name}\.f holds an array in closure"):
             cls(scale_by(jnp.ones(2)))
+
+
+def test_a_transformed_callable_warns_at_every_assignment_as_in_equinox():
+    # The check of a field assigned in `__init__` is remembered only for callables
+    # that warn of nothing: one that hides a layer's arrays warns each time, in an
+    # AutoModule as in an eqx.Module.
+    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    jitted = jax.jit(linear)
+
+    class EqxHolder(eqx.Module):
+        w: jax.Array
+        thing: object
+
+    for cls in (Holder, EqxHolder):
+        for _ in range(2):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                cls(jnp.ones(1), jitted)
+            assert any("JAX-transformed" in str(w.message) for w in caught), cls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            Holder(jnp.ones(1), jax.nn.relu)  # a custom_jvp hiding no array
