@@ -189,29 +189,28 @@ def plain_split(
         for j, (i, kind) in enumerate(zip(static, layout.static_types or ()))
         if kind is float or kind is complex
     )
-    if inexact:
-        aux = f"new(Aux, (layout, {picked_static}))"
-        reuse = []
-    else:
-        # The layers of a model mostly share their sizes and flags: the aux of the
-        # last instance is reused when its entries are equal (exactly, as no entry
-        # is a float), one object fewer per layer. One cell, read once: a thread
-        # sees a matching pair or none.
-        aux = "aux"
-        reuse = [
-            f"    entries = ({picked_static})",
-            "    last = last_aux[0]",
-            "    if last[0] == entries:",
-            "        aux = last[1]",
-            "    else:",
-            "        aux = new(Aux, (layout, *entries))",
-            "        last_aux[0] = (entries, aux)",
-        ]
+    # The layers of a model mostly share their sizes and flags: the aux of the last
+    # instance is reused when its entries are equal, one object fewer per layer
+    # (one cell, read once: a thread sees a matching pair or none). `==` is exact but
+    # for a float or complex zero or NaN, which is never matched (and is then held
+    # exactly, `PlainSplit.inexact`).
+    exact = "".join(
+        f" and values[{i}] == values[{i}] and values[{i}] != 0" for i, _ in inexact
+    )
+    reuse = [
+        f"    entries = ({picked_static})",
+        "    last = last_aux[0]",
+        f"    if last[0] == entries{exact}:",
+        "        aux = last[1]",
+        "    else:",
+        "        aux = new(Aux, (layout, *entries))",
+        "        last_aux[0] = (entries, aux)",
+    ]
     source = "\n".join(
         [
             "def flat(values):",
             *reuse,
-            f"    return ({picked_children}), {aux}, {values}, None",
+            f"    return ({picked_children}), aux, {values}, None",
         ]
     )
     namespace = {

@@ -326,22 +326,19 @@ def _split_flat(
         ):
             at.append(i)
         elif _carrier_class_of(item_kind) is not None:
+            items[i] = carrier = _to_carrier(item)
             carriers = True
+            # A layer without arrays (a `Dropout`) holds no leaf.
+            dynamic = dynamic or bool(jtu.tree_leaves(carrier))
         else:
             return None  # a module, a container, a value to look into
     if not at:
         return None  # no static item: the walk's own flat path is quicker
-    static = [items[i] for i in at]
-    if carriers:
-        items = list(map(_to_carrier, items))
-        # A layer without arrays (a `Dropout`) holds no leaf: look for one.
-        dynamic = dynamic or any(
-            map(jtu.tree_leaves, (x for x in items if is_carrier_class(type(x))))
-        )
     if not dynamic:
         return None  # all static: a static tree, as the walk decides
     if kind is list:
         met.append(value)
+    static = [items[i] for i in at]
     _check_static_items(owner, where, at, static)
     return HOLED, punch_items(kind, items, at, static, carriers)
 

@@ -350,9 +350,13 @@ def test_layers_of_equal_sizes_share_their_aux_and_floats_stay_exact():
     )
     a, b, c, d = _carrier_auxes(model)
     assert a is b and b is not c and c != a and d == a
-    # A float entry is never matched by `==` alone: 0.0 and -0.0 stay apart.
+    # A float is matched too, but never a zero or NaN: 0.0 and -0.0 stay apart.
+    norm, other = _carrier_auxes(Layers([eqx.nn.LayerNorm(4), eqx.nn.LayerNorm(4)]))
+    assert norm is other
     zero, negative = _carrier_auxes(Layers([eqx.nn.Dropout(0.0), eqx.nn.Dropout(-0.0)]))
     assert zero != negative
+    again, _ = _carrier_auxes(Layers([eqx.nn.Dropout(-0.0), eqx.nn.Dropout(-0.0)]))
+    assert again == negative
     dropouts = Layers([eqx.nn.Dropout(-0.0), eqx.nn.Dropout(0.0)])
     signs = [str(layer.p) for layer in jax.tree.map(lambda x: x, dropouts).layers]
     assert signs == ["-0.0", "0.0"]
