@@ -34,6 +34,8 @@ import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
 import equinox.nn._shared as _eqx_shared
 
+from ._identity import WeakIdentitySet
+
 # Equinox's `_ModuleMeta.__call__` raises TypeError(f"Field {name!r} was not initialized.")
 _UNSET_FIELD_MESSAGE_END = " was not initialized."
 _UNSET_FIELD = re.compile(r"Field '(\w+)' was not initialized\.")
@@ -264,9 +266,7 @@ def warn_if_transformed(cls: type, value: Any) -> None:
     remembered (weakly, by identity) and not looked into again."""
     if type(value) not in _eqx_module._transform_types:  # pyright: ignore[reportPrivateUsage]  # verified at import
         return  # what Equinox's check looks at first
-    key = id(value)
-    seen = _hides_no_array.get(key)
-    if seen is not None and seen() is value:
+    if value in _hides_no_array:
         return
     check = _eqx_module._warn_jax_transformed_function  # pyright: ignore[reportPrivateUsage]  # verified at import
     with warnings.catch_warnings(record=True) as caught:
@@ -275,13 +275,7 @@ def warn_if_transformed(cls: type, value: Any) -> None:
     if caught:
         check(cls, value)  # again, to warn as Equinox warns
     else:
-        try:
-            ref = weakref.ref(value)
-        except TypeError:  # not weakly referable: looked into each time
-            return
-        if len(_hides_no_array) >= 4096:  # bounded: the callables of a few models
-            _hides_no_array.clear()
-        _hides_no_array[key] = ref
+        _hides_no_array.add(value)
 
 
 def assign_in_init(module: Any, name: str, value: Any) -> None:
@@ -294,8 +288,8 @@ def assign_in_init(module: Any, name: str, value: Any) -> None:
     object.__setattr__(module, name, value)
 
 
-# id -> weak reference of each callable found to hide no array (`warn_if_transformed`).
-_hides_no_array: "dict[int, weakref.ref[Any]]" = {}
+# The callables found to wrap no array (`warn_if_transformed`).
+_hides_no_array = WeakIdentitySet()
 
 
 def has_unread_closure(value: Any) -> bool:

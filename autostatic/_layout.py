@@ -164,22 +164,37 @@ def plain_split(
     to_carrier: Callable[[Any], Any],
     sequences: tuple[int, ...] = (),
     to_sequence: Callable[[Any], Any] | None = None,
+    checked: "dict[int, Callable[[Any], Any]] | None" = None,
+    layer_tuples: tuple[int, ...] = (),
+    to_layer_tuple: Callable[[Any], Any] | None = None,
 ) -> PlainSplit:
     """The split of the instances whose field types make `layout` (typed; CHILD,
     CARRIED and STATIC fields only), with a generated function that picks the
     children (the carrier of each layer of a CARRIED field) and aux entries out of the
     field values: most `eqx.nn` layers, and modules holding them, are decided by it.
     The tuples at `sequences` (a shape, a kernel size) become their aux entries by
-    `to_sequence`, which raises if one holds anything but scalars."""
+    `to_sequence`, which raises if one holds anything but scalars; the values at the
+    positions of `checked` (functions) by the function given for each, which checks
+    the value; the CARRIED tuples at `layer_tuples` (an `MLP`'s layers) become their
+    children by `to_layer_tuple`, which raises if one holds anything but layers."""
+    checked = checked or {}
     kinds = layout.kinds
     picked_children = "".join(
-        f"carrier(values[{i}]), " if kind == CARRIED else f"values[{i}], "
+        f"layer_tuple(values[{i}]), "
+        if i in layer_tuples
+        else f"carrier(values[{i}]), "
+        if kind == CARRIED
+        else f"values[{i}], "
         for i, kind in enumerate(kinds)
         if kind != STATIC
     )
     static = [i for i, kind in enumerate(kinds) if kind == STATIC]
     picked_static = "".join(
-        f"sequence(values[{i}]), " if i in sequences else f"values[{i}], "
+        f"sequence(values[{i}]), "
+        if i in sequences
+        else f"check{i}(values[{i}]), "
+        if i in checked
+        else f"values[{i}], "
         for i in static
     )
     # A carrier's flatten checks nothing (see `_carriers`): no values to check.
@@ -219,7 +234,9 @@ def plain_split(
         "layout": layout,
         "carrier": to_carrier,
         "sequence": to_sequence,
+        "layer_tuple": to_layer_tuple,
         "last_aux": [((_NO_ENTRIES,), None)],
+        **{f"check{i}": check for i, check in checked.items()},
     }
     exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
     return PlainSplit(layout, inexact, CARRIED in kinds, namespace["flat"])

@@ -17,6 +17,7 @@ in each non-array leaf's place (`_layout`'s kinds).
 """
 
 import functools
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from types import NoneType
@@ -143,6 +144,9 @@ def _note_array_type(value: Any) -> None:
 
 # A tuple taken for a tuple of scalars in a plain split (STATIC in its layout).
 _SEQUENCE: Final = -1
+# A value of a type in `_static_leaf_types` (a function) in a plain split: STATIC in its
+# layout, and checked (`_static_leaf_entry`).
+_CHECKED: Final = -2
 
 
 def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None:
@@ -155,6 +159,8 @@ def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None
         return STATIC  # the sizes and flags of every layer
     if kind is tuple and (forced_static or not array_field):
         return _SEQUENCE  # a shape, a kernel size
+    if kind in _static_leaf_types:
+        return _CHECKED  # an activation function: static, checked per value
     if forced_static:
         return None
     if kind in _plain_array_types or kind is NoneType:
@@ -466,11 +472,15 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
         split = spec.plain_splits[types]
     except KeyError:
         split = _new_plain_split(type(obj), spec, values, types)
+    if type(split) is int:  # not plain while fewer static leaf types were known
+        if split == len(_static_leaf_types):
+            return None
+        split = _new_plain_split(type(obj), spec, values, types)
     if split is None or (split.carriers and not final):
         return None
     try:
         flat = split.flat(values)
-    except _NotScalars:  # a tuple of other values: these types take the general path
+    except _NotPlain:  # a tuple of other values: these types take the general path
         spec.plain_splits[types] = None
         return None
     for i, _ in split.inexact:
@@ -493,34 +503,92 @@ def _new_plain_split(
     cls: type, spec: FieldSpec, values: tuple[Any, ...], types: tuple[type, ...]
 ) -> PlainSplit | None:
     """The split of these field types, or None if one of them is not plain; cached
-    either way, as it follows from the types alone."""
+    either way, as it follows from the types alone (and, for a type not plain yet,
+    from the static leaf types known: the number of them is cached, and a type met
+    as a static leaf since makes the split be made again)."""
     for value in values:  # an array type not met before is plain from now on
         _note_array_type(value)
     kinds = tuple(map(_type_kind, types, spec.declared_static, array_fields(cls)))
     if None in kinds:
-        return spec.plain_splits.setdefault(types, None)
+        spec.plain_splits[types] = len(_static_leaf_types)
+        return None
+    # A tuple is taken for what the first instance's holds: scalars (a shape) or,
+    # where not declared static, `eqx.nn` layers (an `MLP`'s layers).
+    layer_tuples = tuple(
+        i
+        for i, k in enumerate(kinds)
+        if k == _SEQUENCE and not spec.declared_static[i] and _all_layers(values[i])
+    )
+    kinds = tuple(CARRIED if i in layer_tuples else k for i, k in enumerate(kinds))
     sequences = tuple(i for i, k in enumerate(kinds) if k == _SEQUENCE)
-    kinds = tuple(STATIC if k == _SEQUENCE else k for k in kinds)
+    checked = {
+        i: _static_leaf_entry(f"{cls.__qualname__}.{spec.names[i]}")
+        for i, k in enumerate(kinds)
+        if k == _CHECKED
+    }
+    kinds = tuple(STATIC if k in (_SEQUENCE, _CHECKED) else k for k in kinds)
     layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
     static_types = tuple(
-        StaticSequence if i in sequences else t
+        StaticSequence
+        if i in sequences
+        else type(snapshot_leaf(values[i]))  # `Compared` for a type whose == is Python
+        if i in checked
+        else t
         for i, (t, k) in enumerate(zip(types, kinds))
         if k == STATIC
     )
     split = plain_split(
-        layout.with_types(static_types), _to_carrier, sequences, _scalars_entry
+        layout.with_types(static_types),
+        _to_carrier,
+        sequences,
+        _scalars_entry,
+        checked,
+        layer_tuples,
+        _carried_tuple,
     )
-    return spec.plain_splits.setdefault(types, split)
+    # Threads making the first instances at once share one split.
+    made = spec.plain_splits.get(types)
+    if type(made) is PlainSplit:
+        return made
+    spec.plain_splits[types] = split
+    return split
 
 
-class _NotScalars(Exception):
-    """A tuple in a plain split holds something other than Python scalars."""
+def _all_layers(value: tuple[Any, ...]) -> bool:
+    """Whether `value` is a non-empty tuple of `eqx.nn` layers that are carried."""
+    return bool(value) and all(_carrier_class_of(type(x)) is not None for x in value)
+
+
+def _carried_tuple(value: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The child of a tuple of layers in a plain split: their carriers."""
+    carriers = tuple(map(_to_carrier, value))
+    if not carriers or any(map(operator.is_, carriers, value)):
+        raise _NotPlain  # an item that is not a layer: the general path
+    return carriers
+
+
+def _static_leaf_entry(where: str) -> Callable[[Any], Any]:
+    """The aux entry of a field's static leaf of a type in `_static_leaf_types` in a
+    plain split, given the checks `_decide` gives it (each warning once per place)."""
+
+    def entry(value: Any) -> Any:
+        problem = _static_problem(value)
+        if problem is not None:
+            warn_once((where, problem), f"{where} {problem}")
+        return snapshot_leaf(value)
+
+    return entry
+
+
+class _NotPlain(Exception):
+    """A tuple in a plain split holds something other than what the split takes it
+    for (Python scalars, or layers)."""
 
 
 def _scalars_entry(value: tuple[Any, ...]) -> Any:
     entry = _scalar_sequence(value, False)
     if entry is None:
-        raise _NotScalars
+        raise _NotPlain
     return entry
 
 

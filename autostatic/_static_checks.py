@@ -16,7 +16,6 @@ import os
 import sys
 import types
 import warnings
-import weakref
 from typing import Any
 
 import equinox as eqx
@@ -26,13 +25,12 @@ from jax.core import Tracer
 
 from . import _compat
 from ._containers import container_items
+from ._identity import WeakIdentitySet
 
 _MAX_DEPTH = 4
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
-# Objects already found free of arrays, by identity (an object equal to a clean one
-# may hide an array, and a user's `__eq__` may raise): functions and callables
-# dominate static values.
-_clean: "dict[int, weakref.ref[Any]]" = {}
+# Objects already found free of arrays: functions and callables dominate static values.
+_clean = WeakIdentitySet()
 
 
 def find_hidden_array(value: Any) -> str | None:
@@ -40,15 +38,12 @@ def find_hidden_array(value: Any) -> str | None:
     none does. A tracer is not reported: a module made inside a traced function
     (a solver's state, a library's closure) holds that trace's values, and one that
     escapes the trace fails in JAX itself."""
-    known = _clean.get(id(value))
-    if known is not None and known() is value:
+    if value in _clean:
         return None
     tracers: list[Any] = []
     where = _search(value, 0, set(), tracers)
     if where is None and not tracers:
-        key = id(value)
-        with contextlib.suppress(TypeError):  # not weakly referenceable
-            _clean[key] = weakref.ref(value, lambda _: _clean.pop(key, None))
+        _clean.add(value)
     return where
 
 

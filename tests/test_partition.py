@@ -605,3 +605,80 @@ def test_a_held_layer_with_a_zero_float_is_held_exactly():
     assert structure(zero) == structure(Net(eqx.nn.Dropout(0.0)))
     assert structure(zero) == structure(jax.tree_util.tree_map(lambda x: x, zero))
     assert structure(Net(eqx.nn.Dropout(0.5))) != structure(zero)
+
+
+class WithFunctions(asx.AutoModule):
+    w: jax.Array
+    activation: Any
+    layers: tuple
+    shape: tuple
+    name: str
+
+
+def _plain_and_general(obj):
+    from autostatic import _partition
+
+    layer = obj if isinstance(obj, asx.AutoModule) else _partition._to_carrier(obj)
+    return _partition._plain_split(layer, True), _partition._decide(layer, True)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: eqx.nn.MLP(4, 4, 8, 2, key=jax.random.key(0)),
+        lambda: eqx.nn.MLP(4, 4, 8, 1, activation=lambda x: x, key=jax.random.key(0)),
+        lambda: eqx.nn.MultiheadAttention(2, 8, key=jax.random.key(0)),
+        lambda: eqx.nn.LayerNorm(4),
+        lambda: eqx.nn.Dropout(0.0),
+        lambda: WithFunctions(
+            jnp.ones(2),
+            jax.nn.gelu,
+            (eqx.nn.Linear(2, 2, key=jax.random.key(0)),),
+            (2, 3),
+            "f",
+        ),
+    ],
+)
+def test_the_plain_split_decides_as_the_general_path(make):
+    # Functions and tuples of layers are decided by their types alone, without the
+    # walk, once a function's type has been met: the same children and aux.
+    make()
+    plain, general = _plain_and_general(make())
+    assert plain is not None
+    (p_children, p_aux, _, _), (g_children, g_aux, _, _) = plain, general
+    assert p_aux == g_aux and p_aux.layout is g_aux.layout
+    assert jax.tree_util.tree_structure(p_children) == jax.tree_util.tree_structure(
+        g_children
+    )
+    p_leaves, g_leaves = (
+        jax.tree_util.tree_leaves(c) for c in (p_children, g_children)
+    )
+    assert len(p_leaves) == len(g_leaves)
+    assert all(a is b for a, b in zip(p_leaves, g_leaves))
+
+
+def test_a_tuple_taken_for_layers_holding_scalars_takes_the_general_path():
+    key = jax.random.key(0)
+    first = WithFunctions(
+        jnp.ones(2), jax.nn.gelu, (eqx.nn.Linear(2, 2, key=key),), (2,), "a"
+    )
+    other = WithFunctions(jnp.ones(2), jax.nn.gelu, (1, 2), (2,), "b")
+    assert other.layers == (1, 2)
+    leaves = jax.tree_util.tree_leaves(other)
+    assert len(leaves) == 1 and len(jax.tree_util.tree_leaves(first)) == 3
+
+
+class Activation(asx.AutoModule):
+    w: jax.Array
+    activation: Any
+
+
+def test_a_function_hiding_an_array_warns_in_the_plain_split_too():
+    from autostatic import _partition
+
+    w = jnp.ones(3)
+    for _ in range(2):  # a lambda's type is met, then its split is made
+        clean = Activation(jnp.ones(2), lambda x: x)
+    assert _partition._plain_split(clean, True) is not None
+    with pytest.warns(UserWarning, match=r"Activation\.activation holds"):
+        Activation(jnp.ones(2), lambda x: x * w)
