@@ -152,8 +152,8 @@ class PlainSplit(NamedTuple):
     # Static float or complex fields, as (field, entry) positions: a zero or NaN
     # there is held as `ExactFloat`.
     inexact: tuple[tuple[int, int], ...]
-    # Whether a child is a layer that becomes a carrier, which a provisional partition
-    # (made while `__init__` runs) does not do.
+    # Whether a child may hold a layer that becomes a carrier, which a provisional
+    # partition (made while `__init__` runs) does not do.
     carriers: bool
     # The `Flat` of the field values, in one call.
     flat: "Callable[[tuple[Any, ...]], Flat]"
@@ -162,46 +162,52 @@ class PlainSplit(NamedTuple):
 def plain_split(
     layout: "Layout",
     to_carrier: Callable[[Any], Any],
-    sequences: tuple[int, ...] = (),
-    to_sequence: Callable[[Any], Any] | None = None,
-    checked: "dict[int, Callable[[Any], Any]] | None" = None,
-    layer_tuples: tuple[int, ...] = (),
-    to_layer_tuple: Callable[[Any], Any] | None = None,
+    *,
+    entry_of: "dict[int, Callable[[Any], Any]] | None" = None,
+    child_of: "dict[int, Callable[[Any], Any]] | None" = None,
+    holed_of: "dict[int, Callable[[Any], tuple[Any, Any]]] | None" = None,
+    watched: tuple[int, ...] = (),
 ) -> PlainSplit:
-    """The split of the instances whose field types make `layout` (typed; CHILD,
-    CARRIED and STATIC fields only), with a generated function that picks the
-    children (the carrier of each layer of a CARRIED field) and aux entries out of the
-    field values: most `eqx.nn` layers, and modules holding them, are decided by it.
-    The tuples at `sequences` (a shape, a kernel size) become their aux entries by
-    `to_sequence`, which raises if one holds anything but scalars; the values at the
-    positions of `checked` (functions) by the function given for each, which checks
-    the value; the CARRIED tuples at `layer_tuples` (an `MLP`'s layers) become their
-    children by `to_layer_tuple`, which raises if one holds anything but layers."""
-    checked = checked or {}
+    """The split of the instances whose field types make `layout` (typed), with a
+    generated function that picks the children (the carrier of each layer of a
+    CARRIED field) and aux entries out of the field values: most `eqx.nn` layers,
+    and modules holding them, are decided by it.
+
+    Fields whose value needs more than picking are made by the function given for
+    their position, which raises if a value is not what it takes it for: a STATIC
+    entry by `entry_of` (a shape, sizes, a checked function), a CARRIED child by
+    `child_of` (an `MLP`'s tuple of layers), a HOLED field's child and entry by
+    `holed_of` (a block's `[Linear, relu, Linear]`). The lists at `watched` are
+    recorded for the flatten's check of changes in place."""
+    entry_of, child_of, holed_of = entry_of or {}, child_of or {}, holed_of or {}
     kinds = layout.kinds
-    picked_children = "".join(
-        f"layer_tuple(values[{i}]), "
-        if i in layer_tuples
-        else f"carrier(values[{i}]), "
-        if kind == CARRIED
-        else f"values[{i}], "
-        for i, kind in enumerate(kinds)
-        if kind != STATIC
-    )
-    static = [i for i, kind in enumerate(kinds) if kind == STATIC]
-    picked_static = "".join(
-        f"sequence(values[{i}]), "
-        if i in sequences
-        else f"check{i}(values[{i}]), "
-        if i in checked
-        else f"values[{i}], "
-        for i in static
-    )
+    lines = [f"    c{i}, e{i} = holed{i}(values[{i}])" for i in holed_of]
+    children, entries = [], []
+    for i, kind in enumerate(kinds):
+        if i in holed_of:
+            children.append(f"c{i}, ")
+            entries.append(f"e{i}, ")
+        elif kind == STATIC:
+            entries.append(
+                f"entry{i}(values[{i}]), " if i in entry_of else f"values[{i}], "
+            )
+        elif i in child_of:
+            children.append(f"child{i}(values[{i}]), ")
+        else:
+            children.append(
+                f"carrier(values[{i}]), " if kind == CARRIED else f"values[{i}], "
+            )
+    entry_fields = [i for i, kind in enumerate(kinds) if kind in (STATIC, HOLED)]
     # A carrier's flatten checks nothing (see `_carriers`): no values to check.
-    values = "None" if fields_of(layout.cls).carrier else "values"
+    carrier = fields_of(layout.cls).carrier
+    values = "None" if carrier else "values"
+    containers = "".join(
+        f"(values[{i}], list_snapshot, list_snapshot(values[{i}])), " for i in watched
+    )
+    containers = f"({containers})" if watched and not carrier else "None"
     inexact = tuple(
         (i, j)
-        for j, (i, kind) in enumerate(zip(static, layout.static_types or ()))
+        for j, (i, kind) in enumerate(zip(entry_fields, layout.static_types or ()))
         if kind is float or kind is complex
     )
     # The layers of a model mostly share their sizes and flags: the aux of the last
@@ -212,34 +218,31 @@ def plain_split(
     exact = "".join(
         f" and values[{i}] == values[{i}] and values[{i}] != 0" for i, _ in inexact
     )
-    reuse = [
-        f"    entries = ({picked_static})",
+    lines += [
+        f"    entries = ({''.join(entries)})",
         "    last = last_aux[0]",
         f"    if last[0] == entries{exact}:",
         "        aux = last[1]",
         "    else:",
         "        aux = new(Aux, (layout, *entries))",
         "        last_aux[0] = (entries, aux)",
+        f"    return ({''.join(children)}), aux, {values}, {containers}",
     ]
-    source = "\n".join(
-        [
-            "def flat(values):",
-            *reuse,
-            f"    return ({picked_children}), aux, {values}, None",
-        ]
-    )
     namespace = {
         "new": tuple.__new__,
         "Aux": Aux,
         "layout": layout,
         "carrier": to_carrier,
-        "sequence": to_sequence,
-        "layer_tuple": to_layer_tuple,
+        "list_snapshot": LIST_SNAPSHOT,
         "last_aux": [((_NO_ENTRIES,), None)],
-        **{f"check{i}": check for i, check in checked.items()},
+        **{f"entry{i}": f for i, f in entry_of.items()},
+        **{f"child{i}": f for i, f in child_of.items()},
+        **{f"holed{i}": f for i, f in holed_of.items()},
     }
+    source = "\n".join(["def flat(values):", *lines])
     exec(compile(source, f"<autostatic split of {layout!r}>", "exec"), namespace)
-    return PlainSplit(layout, inexact, CARRIED in kinds, namespace["flat"])
+    carriers = CARRIED in kinds or bool(holed_of)
+    return PlainSplit(layout, inexact, carriers, namespace["flat"])
 
 
 _NO_ENTRIES: Final = object()  # equal to no entry: the reused aux before the first

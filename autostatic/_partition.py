@@ -56,9 +56,8 @@ from ._layout import (
     STATIC,
     static_sequence,
     static_tree,
-    StaticSequence,
 )
-from ._mixed import punch, punch_items
+from ._mixed import Holes, punch, punch_items
 from ._retrace import note_new_aux, NOTED_ENTRY_TYPES
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._static_values import needs_exact_float, snapshot_leaf
@@ -147,6 +146,8 @@ _SEQUENCE: Final = -1
 # A value of a type in `_static_leaf_types` (a function) in a plain split: STATIC in its
 # layout, and checked (`_static_leaf_entry`).
 _CHECKED: Final = -2
+# A list in a plain split: STATIC if it holds scalars, HOLED if layers and static leaves.
+_LIST: Final = -3
 
 
 def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None:
@@ -159,6 +160,8 @@ def _type_kind(kind: type, forced_static: bool, array_field: bool) -> int | None
         return STATIC  # the sizes and flags of every layer
     if kind is tuple and (forced_static or not array_field):
         return _SEQUENCE  # a shape, a kernel size
+    if kind is list and not (forced_static or array_field):
+        return _LIST  # sizes, a block's layers
     if kind in _static_leaf_types:
         return _CHECKED  # an activation function: static, checked per value
     if forced_static:
@@ -505,46 +508,48 @@ def _new_plain_split(
     """The split of these field types, or None if one of them is not plain; cached
     either way, as it follows from the types alone (and, for a type not plain yet,
     from the static leaf types known: the number of them is cached, and a type met
-    as a static leaf since makes the split be made again)."""
+    as a static leaf since makes the split be made again). A tuple or list is taken
+    for what the first instance's holds."""
     for value in values:  # an array type not met before is plain from now on
         _note_array_type(value)
-    kinds = tuple(map(_type_kind, types, spec.declared_static, array_fields(cls)))
+    kinds = list(map(_type_kind, types, spec.declared_static, array_fields(cls)))
+    entry_of: dict[int, Callable[[Any], Any]] = {}
+    child_of: dict[int, Callable[[Any], Any]] = {}
+    holed_of: dict[int, Callable[[Any], Any]] = {}
+    for i, kind in enumerate(kinds):
+        where = f"{cls.__qualname__}.{spec.names[i]}"
+        if kind == _CHECKED:
+            kinds[i], entry_of[i] = STATIC, _static_leaf_entry(where)
+        elif (
+            kind == _SEQUENCE and not spec.declared_static[i] and _all_layers(values[i])
+        ):
+            kinds[i], child_of[i] = CARRIED, _carried_tuple  # an `MLP`'s layers
+        elif kind in (_SEQUENCE, _LIST) and _scalar_sequence(values[i], False):
+            kinds[i], entry_of[i] = STATIC, _scalars_entry  # a shape, sizes
+        elif kind == _LIST and _holed_list(cls, where)(values[i], probe=True):
+            kinds[i], holed_of[i] = HOLED, _holed_list(cls, where)
+        elif kind in (_SEQUENCE, _LIST):
+            kinds[i] = None  # a list of other values: the general path
     if None in kinds:
         spec.plain_splits[types] = len(_static_leaf_types)
         return None
-    # A tuple is taken for what the first instance's holds: scalars (a shape) or,
-    # where not declared static, `eqx.nn` layers (an `MLP`'s layers).
-    layer_tuples = tuple(
-        i
-        for i, k in enumerate(kinds)
-        if k == _SEQUENCE and not spec.declared_static[i] and _all_layers(values[i])
-    )
-    kinds = tuple(CARRIED if i in layer_tuples else k for i, k in enumerate(kinds))
-    sequences = tuple(i for i, k in enumerate(kinds) if k == _SEQUENCE)
-    checked = {
-        i: _static_leaf_entry(f"{cls.__qualname__}.{spec.names[i]}")
-        for i, k in enumerate(kinds)
-        if k == _CHECKED
-    }
-    kinds = tuple(STATIC if k in (_SEQUENCE, _CHECKED) else k for k in kinds)
-    layout = layout_for(cls, kinds)  # pyright: ignore[reportArgumentType]  # no None
-    static_types = tuple(
-        StaticSequence
-        if i in sequences
-        else type(snapshot_leaf(values[i]))  # `Compared` for a type whose == is Python
-        if i in checked
-        else t
-        for i, (t, k) in enumerate(zip(types, kinds))
-        if k == STATIC
-    )
+    layout = layout_for(cls, tuple(kinds))  # pyright: ignore[reportArgumentType]  # no None
+    entry_types = []
+    for i, kind in enumerate(kinds):
+        if kind == HOLED:
+            entry_types.append(Holes)
+        elif kind == STATIC and i in entry_of:
+            # A checked function's entry is `Compared` for a type whose == is Python.
+            entry_types.append(type(entry_of[i](values[i])))
+        elif kind == STATIC:
+            entry_types.append(types[i])
     split = plain_split(
-        layout.with_types(static_types),
+        layout.with_types(tuple(entry_types)),
         _to_carrier,
-        sequences,
-        _scalars_entry,
-        checked,
-        layer_tuples,
-        _carried_tuple,
+        entry_of=entry_of,
+        child_of=child_of,
+        holed_of=holed_of,
+        watched=tuple(i for i, t in enumerate(types) if t is list),
     )
     # Threads making the first instances at once share one split.
     made = spec.plain_splits.get(types)
@@ -552,6 +557,21 @@ def _new_plain_split(
         return made
     spec.plain_splits[types] = split
     return split
+
+
+def _holed_list(owner: type, where: str) -> Callable[..., Any]:
+    """The child and holes record of a field's flat list of layers (or arrays) and
+    static leaves in a plain split (`_split_flat`); raises for another list."""
+
+    def holed(value: list[Any], probe: bool = False) -> Any:
+        split = _split_flat(owner, where, value, True, [])
+        if split is None or split[0] != HOLED:
+            if probe:
+                return None
+            raise _NotPlain
+        return split[1]
+
+    return holed
 
 
 def _all_layers(value: tuple[Any, ...]) -> bool:

@@ -615,6 +615,13 @@ class WithFunctions(asx.AutoModule):
     name: str
 
 
+class MixedLists(asx.AutoModule):
+    layers: list
+    sizes: list
+    name: str
+    scale: float
+
+
 def _plain_and_general(obj):
     from autostatic import _partition
 
@@ -630,6 +637,15 @@ def _plain_and_general(obj):
         lambda: eqx.nn.MultiheadAttention(2, 8, key=jax.random.key(0)),
         lambda: eqx.nn.LayerNorm(4),
         lambda: eqx.nn.Dropout(0.0),
+        lambda: MixedLists(
+            [eqx.nn.Linear(2, 2, key=jax.random.key(0)), jax.nn.relu, None, 3, "s"],
+            [8, 8],
+            "block",
+            0.5,
+        ),
+        lambda: MixedLists(
+            [jnp.ones(2), jax.nn.relu, eqx.nn.Dropout(0.1)], [], "b", 0.0
+        ),
         lambda: WithFunctions(
             jnp.ones(2),
             jax.nn.gelu,
@@ -645,8 +661,12 @@ def test_the_plain_split_decides_as_the_general_path(make):
     make()
     plain, general = _plain_and_general(make())
     assert plain is not None
-    (p_children, p_aux, _, _), (g_children, g_aux, _, _) = plain, general
+    (p_children, p_aux, p_values, p_lists), (g_children, g_aux, g_values, g_lists) = (
+        plain,
+        general,
+    )
     assert p_aux == g_aux and p_aux.layout is g_aux.layout
+    assert p_values == g_values and p_lists == g_lists  # what flatten checks
     assert jax.tree_util.tree_structure(p_children) == jax.tree_util.tree_structure(
         g_children
     )
