@@ -520,10 +520,11 @@ def _new_plain_split(
         where = f"{cls.__qualname__}.{spec.names[i]}"
         if kind == _CHECKED:
             kinds[i], entry_of[i] = STATIC, _static_leaf_entry(where)
-        elif (
-            kind == _SEQUENCE and not spec.declared_static[i] and _all_layers(values[i])
-        ):
-            kinds[i], child_of[i] = CARRIED, _carried_tuple  # an `MLP`'s layers
+        elif kind in (_SEQUENCE, _LIST) and _all_layers(values[i]):
+            if spec.declared_static[i]:  # arrays marked static: the general path says
+                kinds[i] = None
+            else:  # an `MLP`'s layers, a list of layers
+                kinds[i], child_of[i] = CARRIED, _carried_items
         elif kind in (_SEQUENCE, _LIST) and _scalar_sequence(values[i], False):
             kinds[i], entry_of[i] = STATIC, _scalars_entry  # a shape, sizes
         elif kind == _LIST and _holed_list(cls, where)(values[i], probe=True):
@@ -574,17 +575,18 @@ def _holed_list(owner: type, where: str) -> Callable[..., Any]:
     return holed
 
 
-def _all_layers(value: tuple[Any, ...]) -> bool:
-    """Whether `value` is a non-empty tuple of `eqx.nn` layers that are carried."""
+def _all_layers(value: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether `value` is a non-empty list or tuple of `eqx.nn` layers that are
+    carried."""
     return bool(value) and all(_carrier_class_of(type(x)) is not None for x in value)
 
 
-def _carried_tuple(value: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The child of a tuple of layers in a plain split: their carriers."""
-    carriers = tuple(map(_to_carrier, value))
+def _carried_items(value: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+    """The child of a list or tuple of layers in a plain split: their carriers."""
+    carriers = list(map(_to_carrier, value))
     if not carriers or any(map(operator.is_, carriers, value)):
         raise _NotPlain  # an item that is not a layer: the general path
-    return carriers
+    return carriers if type(value) is list else tuple(carriers)
 
 
 def _static_leaf_entry(where: str) -> Callable[[Any], Any]:

@@ -622,6 +622,11 @@ class MixedLists(asx.AutoModule):
     scale: float
 
 
+class LayerList(asx.AutoModule):
+    layers: list
+    sizes: list
+
+
 def _plain_and_general(obj):
     from autostatic import _partition
 
@@ -645,6 +650,9 @@ def _plain_and_general(obj):
         ),
         lambda: MixedLists(
             [jnp.ones(2), jax.nn.relu, eqx.nn.Dropout(0.1)], [], "b", 0.0
+        ),
+        lambda: LayerList(
+            [eqx.nn.Linear(2, 2, key=jax.random.key(0)), eqx.nn.Dropout(0.1)], [1.5, 2]
         ),
         lambda: WithFunctions(
             jnp.ones(2),
