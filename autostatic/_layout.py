@@ -443,77 +443,79 @@ def _attribute_code(
     expressions of the `Flat`'s values and container records (`None` for a node
     whose flatten checks nothing: not `watched`)."""
     names = [f.name for f in dataclasses.fields(layout.cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
-    child_at = {n: i for i, n in enumerate(layout.child_names)}
-    entry_at = {n: j for j, n in enumerate(layout.entry_names)}
-    types = layout.static_types or ()
-    lines, reaching, kinds_of = [], [], {}
+    lines, recorded = [], []
     for i, (name, kind) in enumerate(zip(names, layout.kinds)):
-        raw = False  # a value that is no container and reaches none
-        if kind in (CHILD, CARRIED):
-            value = f"children[{child_at[name]}]"
-            value = f"with_layers({value})" if kind == CARRIED else value
-        else:
-            j = entry_at[name]
-            if kind == HOLED:
-                value = f"aux[{j + 1}].value(children[{layout.entry_child[j]}])"
-            elif j < len(types) and types[j] in _RAW_ENTRY_TYPES:
-                value, raw = f"aux[{j + 1}]", True
-            elif j < len(types) and types[j] in (StaticTree, StaticSequence):
-                value = f"aux[{j + 1}].value()"
-            else:
-                value = f"natural(aux[{j + 1}])"
+        value, reaches = _value_code(layout, name, kind)
         lines.append(f"    v{i} = {value}")
-        kinds_of[f"v{i}"] = kind
-        if not raw:
-            reaching.append(f"v{i}")
+        if watched and reaches:
+            lines += _recording_code(f"v{i}", kind in CHILD_KINDS)
+            recorded.append(f"*flat_v{i}, ")
+    values = "(" + "".join(f"v{i}, " for i in range(len(names))) + ")"
     if not watched:
         return lines, names, "None", "None"
-    # A flat list (of layers, arrays, numbers) is recorded here, as
-    # `watched_containers` would; anything else that may reach a container is
-    # walked for the containers it reaches. The AutoModules a child holds alone or
-    # as items, left to be filled in, are collected in `pending`.
-    lines.append("    met = []")
-    flat = []
-    for v in reaching:
-        if kinds_of[v] in CHILD_KINDS:
-            lines += [
-                f"    t = type({v})",
-                "    if t is list or t is tuple:",
-                f"        ts = set(map(type, {v}))",
-                "        if not lazy_classes.isdisjoint(ts):",
-                f"            pending += [x for x in {v} if type(x) in lazy_classes]",
-                "        if leaf_types.issuperset(ts):",
-                f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v})),)"
-                " if t is list else ()",
-                "        else:",
-                f"            flat_{v} = ()",
-                f"            walk({v}, (), None, met)",
-                "    else:",
-                f"        flat_{v} = ()",
-                "        if t in lazy_classes:",
-                f"            pending.append({v})",
-                "        elif t not in leaf_types:",
-                f"            walk({v}, (), None, met)",
-            ]
-        else:
-            lines += [
-                f"    t = type({v})",
-                f"    if t is list and leaf_types.issuperset(map(type, {v})):",
-                f"        flat_{v} = ({v}, list_snapshot, list_snapshot({v})),",
-                "    else:",
-                f"        flat_{v} = ()",
-                "        if t not in leaf_types:",
-                f"            walk({v}, (), None, met)",
-            ]
-        flat.append(f"*flat_{v}, ")
-    records = "".join(flat)
+    if not recorded:
+        return lines, names, values, "None"
+    records = "".join(recorded)
+    lines.insert(0, "    met = []")
     containers = (
         f"(({records}*watched_containers(met)) if met else ({records}) or None)"
-        if reaching
-        else "None"
     )
-    values = "(" + "".join(f"v{i}, " for i in range(len(names))) + ")"
     return lines, names, values, containers
+
+
+def _value_code(layout: Layout, name: str, kind: int) -> tuple[str, bool]:
+    """The expression of a field's attribute value, and whether the value may reach
+    a container (a raw static entry does not)."""
+    if kind in (CHILD, CARRIED):
+        value = f"children[{layout.child_names.index(name)}]"
+        return (f"with_layers({value})" if kind == CARRIED else value), True
+    j = layout.entry_names.index(name)
+    entry = f"aux[{j + 1}]"
+    entry_type = (layout.static_types or ())[j : j + 1]
+    if kind == HOLED:
+        return f"{entry}.value(children[{layout.entry_child[j]}])", True
+    if entry_type and entry_type[0] in _RAW_ENTRY_TYPES:
+        return entry, False
+    if entry_type and entry_type[0] in (StaticTree, StaticSequence):
+        return f"{entry}.value()", True
+    return f"natural({entry})", True
+
+
+def _recording_code(v: str, child: bool) -> list[str]:
+    """Source lines that record the lists the value `v` reaches: a flat list (of
+    layers, arrays, numbers) here as `flat_v`, as `watched_containers` would; anything
+    else that may reach a container is walked into `met`. For a child, the
+    AutoModules it holds alone or as items, left to be filled in, are collected in
+    `pending`."""
+    if not child:
+        return [
+            f"    t = type({v})",
+            f"    if t is list and leaf_types.issuperset(map(type, {v})):",
+            f"        flat_{v} = ({v}, list_snapshot, list_snapshot({v})),",
+            "    else:",
+            f"        flat_{v} = ()",
+            "        if t not in leaf_types:",
+            f"            walk({v}, (), None, met)",
+        ]
+    return [
+        f"    t = type({v})",
+        "    if t is list or t is tuple:",
+        f"        ts = set(map(type, {v}))",
+        "        if not lazy_classes.isdisjoint(ts):",
+        f"            pending += [x for x in {v} if type(x) in lazy_classes]",
+        "        if leaf_types.issuperset(ts):",
+        f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v})),)"
+        " if t is list else ()",
+        "        else:",
+        f"            flat_{v} = ()",
+        f"            walk({v}, (), None, met)",
+        "    else:",
+        f"        flat_{v} = ()",
+        "        if t in lazy_classes:",
+        f"            pending.append({v})",
+        "        elif t not in leaf_types:",
+        f"            walk({v}, (), None, met)",
+    ]
 
 
 def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., Any]:

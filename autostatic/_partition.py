@@ -483,7 +483,7 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
         return None
     try:
         flat = split.flat(values)
-    except _NotPlain:  # a tuple of other values: these types take the general path
+    except _NotPlain:  # a tuple or list of other values: the general path, for good
         spec.plain_splits[types] = None
         return None
     for i, _ in split.inexact:
@@ -527,8 +527,8 @@ def _new_plain_split(
                 kinds[i], child_of[i] = CARRIED, _carried_items
         elif kind in (_SEQUENCE, _LIST) and _scalar_sequence(values[i], False):
             kinds[i], entry_of[i] = STATIC, _scalars_entry  # a shape, sizes
-        elif kind == _LIST and _holed_list(cls, where)(values[i], probe=True):
-            kinds[i], holed_of[i] = HOLED, _holed_list(cls, where)
+        elif kind == _LIST and (holed := _holed_list(cls, where))(values[i], True):
+            kinds[i], holed_of[i] = HOLED, holed
         elif kind in (_SEQUENCE, _LIST):
             kinds[i] = None  # a list of other values: the general path
     if None in kinds:
@@ -603,8 +603,8 @@ def _static_leaf_entry(where: str) -> Callable[[Any], Any]:
 
 
 class _NotPlain(Exception):
-    """A tuple in a plain split holds something other than what the split takes it
-    for (Python scalars, or layers)."""
+    """A tuple or list in a plain split holds something other than what the split
+    takes it for (Python scalars, layers, or layers and static leaves)."""
 
 
 def _scalars_entry(value: tuple[Any, ...]) -> Any:
