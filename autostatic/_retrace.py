@@ -62,9 +62,12 @@ class _Seen:
 
 # (class, field) -> what it has been traced with.
 _seen: dict[tuple[type, str], _Seen] = {}
-# The types of the aux entries whose values are counted (`NOTED_ENTRY_TYPES`): an
-# unflatten calls `note_new_aux` only when one of these entries of its layout changed.
-NOTED_ENTRY_TYPES = frozenset({int, float, complex, ExactFloat, types.FunctionType})
+# The types of the static values counted: numbers and plain functions.
+_COUNTED_TYPES = frozenset({int, float, complex, types.FunctionType})
+# The types of the aux entries that hold them (an exact float is held as
+# `ExactFloat`): an unflatten calls `note_new_aux` only when one of these entries of
+# its layout changed.
+NOTED_ENTRY_TYPES = _COUNTED_TYPES | {ExactFloat}
 
 
 def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
@@ -125,11 +128,13 @@ def _note(cls: type, aux: Aux, trace: Any) -> None:
         if kind != STATIC:
             continue
         value = entry_value(entry)
-        if not _is_varying_kind(value):
+        if type(value) not in _COUNTED_TYPES:
             continue
         seen = _seen.get((cls, name))
         if seen is None:
             seen = _seen.setdefault((cls, name), _Seen())
+        if _after is not None and seen.traces >= _after:
+            continue  # warned already: nothing more to keep
         key = static_key(value)
         if key in seen.keys:
             continue
@@ -145,11 +150,6 @@ def _note(cls: type, aux: Aux, trace: Any) -> None:
                 _message(cls, name, len(seen.keys), seen.shown),
                 RetraceWarning,
             )
-
-
-def _is_varying_kind(value: Any) -> bool:
-    kind = type(value)
-    return kind in (int, float, complex) or kind is types.FunctionType
 
 
 def _message(cls: type, name: str, count: int, values: list[Any]) -> str:

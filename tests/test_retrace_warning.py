@@ -116,3 +116,15 @@ def test_new_values_in_separate_traces_still_warn_with_many_blocks():
     with pytest.warns(asx.RetraceWarning, match=r"Block\.scale has been traced"):
         for step in range(3):
             f(Stack([Block(jnp.ones(2), step + 0.01 * i) for i in range(4)]))
+
+
+def test_a_field_that_has_warned_keeps_no_more_values():
+    # A step counter held as a static int brings a new value to every trace: once
+    # its field has warned, its values are no longer kept (memory stays bounded).
+    from autostatic import _retrace
+
+    f = jax.jit(lambda m, x: m(x))
+    with pytest.warns(asx.RetraceWarning):
+        for lr in range(20):
+            f(Net(jnp.ones(2), float(lr), jax.nn.relu), 1.0)
+    assert len(_retrace._seen[Net, "lr"].keys) == 3
