@@ -183,10 +183,16 @@ def carriers_as_attributes() -> Iterator[None]:
         _surgery.keeps_carriers = before
 
 
+def _keeps_carriers() -> bool:
+    """Whether this thread is inside `carriers_as_attributes` (ask only while
+    `_surgeries[0]`: a thread-local read is slow next to a fill-in)."""
+    return getattr(_surgery, "keeps_carriers", False)
+
+
 def with_layers(value: Any) -> Any:
     """`value` with every carrier reachable through built-in containers replaced by its
     layer: what the attribute holds."""
-    if _surgeries[0] and getattr(_surgery, "keeps_carriers", False):
+    if _surgeries[0] and _keeps_carriers():
         return value
     kind = type(value)
     if kind is list or kind is tuple:
@@ -206,7 +212,7 @@ def with_layers(value: Any) -> Any:
 def items_with_layers(items: "list[Any] | tuple[Any, ...]") -> list[Any]:
     """The items of a list or tuple, as a new list, with every carrier reachable
     through built-in containers replaced by its layer."""
-    if _surgeries[0] and getattr(_surgery, "keeps_carriers", False):
+    if _surgeries[0] and _keeps_carriers():
         return list(items)
     if _leaf_types.issuperset(map(type, items)):  # no container among them
         try:

@@ -754,29 +754,26 @@ def materialise(obj: Any) -> dict[str, Any]:
     AutoModules below it that are still to be (each as its fields are, iteratively):
     a module read once is usually read throughout, and each filled in here skips
     the `__getattr__` of its own first read."""
-    attrs = _object_getattribute(obj, "__dict__")
+    pending = [obj]
+    while pending:
+        _fill(pending.pop(), pending)
+    return _object_getattribute(obj, "__dict__")
+
+
+def _fill(obj: Any, pending: list[Any]) -> None:
+    """Fills `obj` in if it was lazily unflattened and is not yet (a carrier never
+    is), adding the AutoModules its children hold to `pending`."""
     try:
         children, aux, values, _ = get_flat(obj)
     except AttributeError:  # still in __init__, before anything was assigned
-        return attrs
-    if values is None:  # lazily unflattened, not yet filled in (or a carrier)
-        pending: list[Any] = []
-        _fill(obj, attrs, children, aux, pending)
-        while pending:
-            module = pending.pop()
-            children, aux, values, _ = get_flat(module)
-            if values is None:
-                module_attrs = _object_getattribute(module, "__dict__")
-                _fill(module, module_attrs, children, aux, pending)
-    return attrs
-
-
-def _fill(obj: Any, attrs: Any, children: Any, aux: Aux, pending: list[Any]) -> None:
+        return
+    if values is not None:  # filled in already, or decided from its values
+        return
     layout = aux[0]
     fill = layout.materialise
     if fill is None:
         fill = layout.materialise = _generated_materialise(layout)
-    fill(obj, attrs, children, aux, pending)
+    fill(obj, _object_getattribute(obj, "__dict__"), children, aux, pending)
 
 
 # The AutoModule classes whose unflatten leaves the attributes to be filled in.

@@ -360,10 +360,15 @@ def _check_static_items(
         if type(leaf) in SCALAR_TYPES:
             continue
         warn_if_transformed(owner, leaf)
-        problem = _static_problem(leaf)
-        if problem is not None:
-            path = f"{where}[{i}]"
-            warn_once((path, problem), f"{path} {problem}")
+        _warn_of_static_problem(f"{where}[{i}]", leaf)
+
+
+def _warn_of_static_problem(path: str, leaf: Any) -> None:
+    """Warns, once per place, of what is wrong with `leaf` as a static leaf at
+    `path` (`_static_problem`)."""
+    problem = _static_problem(leaf)
+    if problem is not None:
+        warn_once((path, problem), f"{path} {problem}")
 
 
 # Exact types whose instances are static leaves whatever their value: JAX leaves that
@@ -594,9 +599,7 @@ def _static_leaf_entry(where: str) -> Callable[[Any], Any]:
     plain split, given the checks `_decide` gives it (each warning once per place)."""
 
     def entry(value: Any) -> Any:
-        problem = _static_problem(value)
-        if problem is not None:
-            warn_once((where, problem), f"{where} {problem}")
+        _warn_of_static_problem(where, value)
         return snapshot_leaf(value)
 
     return entry
