@@ -209,6 +209,26 @@ def with_layers(value: Any) -> Any:
     return walk(value, (), _real_if_carrier, None)
 
 
+def items_with_layers_at(
+    items: "list[Any] | tuple[Any, ...]", carried: "tuple[int, ...] | bool"
+) -> list[Any]:
+    """The items of a list or tuple, as a new list, with their carriers replaced by
+    their layers: `carried` says where the carriers are, as item positions (none
+    deeper), or True for anywhere, False for nowhere. Positions known beforehand
+    spare the look at every item's type."""
+    if not carried:
+        return list(items)
+    if carried is True or _surgeries[0]:
+        return items_with_layers(items)
+    parts = list(items)
+    try:
+        for i in carried:
+            parts[i] = get_layer(items[i])
+    except (TypeError, AttributeError):  # a tree_map put another object there
+        return items_with_layers(items)
+    return parts
+
+
 def items_with_layers(items: "list[Any] | tuple[Any, ...]") -> list[Any]:
     """The items of a list or tuple, as a new list, with every carrier reachable
     through built-in containers replaced by its layer."""

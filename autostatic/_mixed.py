@@ -12,12 +12,14 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from ._carriers import items_with_layers, with_layers
+from ._carriers import carrier_classes, items_with_layers_at, with_layers
+from ._containers import known_leaf_types
 from ._fields import has_partition
-from ._static_values import interned, natural_leaf, natural_leaves, snapshot_leaf
+from ._static_values import HOLDER_TYPES, interned, natural_leaf, snapshot_leaf
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
+_leaf_types = known_leaf_types()
 
 
 def _is_none(x: Any) -> bool:
@@ -50,25 +52,30 @@ class _Unseen:
 
 
 class Holes(tuple):
-    """The non-array leaves of a HOLED field: `(positions, leaf types, has_carriers,
+    """The non-array leaves of a HOLED field: `(positions, leaf types, carried,
     unseen, *leaves)`. The child holds `None` in their places: `positions` are the
     holes among its items, for a list or tuple whose non-array leaves are items
     (`list` or `tuple` in `unseen`), else among its leaves when it is flattened with
-    `None` as a leaf. `unseen` holds the whole value's treedef, where the holes are
-    among its leaves and their key paths: uncompared, as the child's treedef and
-    `positions` fix them."""
+    `None` as a leaf. `carried` says where the child holds carriers: the positions
+    of those items (a flat list or tuple, none deeper), True for anywhere, or False.
+    `unseen` holds the whole value's treedef, where the holes are among its leaves
+    and their key paths: uncompared, as the child's treedef and `positions` fix
+    them."""
 
     __slots__ = ()
 
     def value(self, child: Any) -> Any:
         """The attribute value of `child`: its holes filled again. A child whose
         structure a tree_map with `is_leaf` changed is kept as it is."""
-        _, types, has_carriers, unseen = self[:4]
-        treedef, at = unseen.treedef, unseen.at
-        leaves = natural_leaves(self[4:], types)
+        types, carried, unseen = self[1], self[2], self[3]
+        treedef = unseen.treedef
+        if HOLDER_TYPES.isdisjoint(types):  # the leaves are their own values
+            leaves = self[4:]
+        else:
+            leaves = map(natural_leaf, self[4:])
         if treedef is type(child):  # a flat list or tuple: its items are the parts
-            parts = items_with_layers(child) if has_carriers else list(child)
-            for i, leaf in zip(at, leaves):
+            parts = items_with_layers_at(child, carried)
+            for i, leaf in zip(unseen.at, leaves):
                 parts[i] = leaf
             return parts if treedef is list else tuple(parts)
         if type(treedef) is type:  # a tree_map with `is_leaf` changed the child
@@ -77,20 +84,20 @@ class Holes(tuple):
             parts = treedef.flatten_up_to(child)
         except (ValueError, TypeError):
             return self._slow_value(child)
-        for i, leaf in zip(at, leaves):
+        for i, leaf in zip(unseen.at, leaves):
             parts[i] = leaf
         value = treedef.unflatten(parts)
-        return with_layers(value) if has_carriers else value
+        return with_layers(value) if carried else value
 
     def _slow_value(self, child: Any) -> Any:
         """For a child whose structure changed inside (`make_with_state` rewrote a
         `StateIndex` in a module of it): each hole filled by its key path; a hole
         whose path is gone stays `None`."""
-        _, _, has_carriers, unseen, *leaves = self
+        _, _, carried, unseen, *leaves = self
         value = child
         for path, leaf in zip(unseen.paths, leaves):
             value = _set_at(value, path, natural_leaf(leaf))
-        return with_layers(value) if has_carriers else value
+        return with_layers(value) if carried else value
 
 
 def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
@@ -213,12 +220,24 @@ def punch_items(
     if unseen is None:
         paths = tuple((jtu.SequenceKey(i),) for i in positions)
         unseen = _unseen(kind, positions, paths)
-    holes = _holes(positions, [snapshot_leaf(x) for x in static], has_carriers, unseen)
+    carried = _carried_at(items) if has_carriers else False
+    holes = _holes(positions, [snapshot_leaf(x) for x in static], carried, unseen)
     return (items if kind is list else tuple(items)), holes
 
 
+def _carried_at(items: list[Any]) -> tuple[int, ...] | bool:
+    """Where the carriers among `items` are: their positions, or True if an item
+    is a container that may hold one."""
+    if not _leaf_types.issuperset(map(type, items)):
+        return True
+    return interned(tuple(i for i, x in enumerate(items) if type(x) in carrier_classes))
+
+
 def _holes(
-    positions: tuple[int, ...], static: list[Any], has_carriers: bool, unseen: _Unseen
+    positions: tuple[int, ...],
+    static: list[Any],
+    carried: tuple[int, ...] | bool,
+    unseen: _Unseen,
 ) -> Holes:
     types = interned(tuple(map(type, static)))
-    return interned(Holes((positions, types, has_carriers, unseen, *static)))
+    return interned(Holes((positions, types, carried, unseen, *static)))

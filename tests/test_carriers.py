@@ -131,6 +131,28 @@ def test_key_paths_leaves_and_results_match_the_eqx_module():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_a_tree_map_replacing_held_layers_reads_as_in_the_eqx_module():
+    # `stack` mixes layers with a function: its read puts layers back at the item
+    # positions that held carriers, unless a tree_map put something else there.
+    def is_linear(x):
+        return isinstance(x, eqx.nn.Linear)
+
+    def swap(x):
+        return "linear" if is_linear(x) else x
+
+    ours, theirs = (
+        jax.tree_util.tree_map(swap, m, is_leaf=is_linear)
+        for m in (Block(KEY), EqxBlock(KEY))
+    )
+    assert [type(x) for x in ours.stack] == [type(x) for x in theirs.stack]
+    assert ours.stack[0] == theirs.stack[0] == "linear"
+    assert ours.stack[1] is theirs.stack[1] is jax.nn.relu
+    assert ours.stack[2].layers[0] == theirs.stack[2].layers[0] == "linear"
+    assert jax.tree_util.tree_structure(ours.stack[3]) == jax.tree_util.tree_structure(
+        theirs.stack[3]
+    )
+
+
 def test_separately_built_models_share_one_trace():
     counter = TraceCounter(lambda m, x: m(x))
     f = jax.jit(counter)
