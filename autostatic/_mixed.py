@@ -200,7 +200,8 @@ def _punch_items(
         at.append(i)
         static.append(leaf)
         i += 1
-    return punch_items(type(value), child, at, static, has_carriers)
+    carried = _carried_at(child) if has_carriers else False
+    return punch_items(type(value), child, at, static, carried)
 
 
 def punch_items(
@@ -208,11 +209,12 @@ def punch_items(
     items: list[Any],
     at: list[int],
     static: list[Any],
-    has_carriers: bool,
+    carried: tuple[int, ...] | bool,
 ) -> tuple[Any, Holes]:
     """The child and `Holes` of a list or tuple (`kind`) of these `items`, whose
-    non-array leaves are the items `static` at positions `at`: the child holds
-    `None` there (`items` is changed in place)."""
+    non-array leaves are the items `static` at positions `at`, and whose carriers
+    are where `carried` says (`Holes`): the child holds `None` at `at` (`items` is
+    changed in place)."""
     for i in at:
         items[i] = None
     positions = interned(tuple(at))
@@ -220,17 +222,22 @@ def punch_items(
     if unseen is None:
         paths = tuple((jtu.SequenceKey(i),) for i in positions)
         unseen = _unseen(kind, positions, paths)
-    carried = _carried_at(items) if has_carriers else False
     holes = _holes(positions, [snapshot_leaf(x) for x in static], carried, unseen)
     return (items if kind is list else tuple(items)), holes
 
 
 def _carried_at(items: list[Any]) -> tuple[int, ...] | bool:
-    """Where the carriers among `items` are: their positions, or True if an item
-    is a container that may hold one."""
+    """Where the carriers among `items` are, as `Holes` records it: their positions,
+    or True if an item is a container that may hold one."""
     if not _leaf_types.issuperset(map(type, items)):
         return True
-    return interned(tuple(i for i, x in enumerate(items) if type(x) in carrier_classes))
+    return carried_at([i for i, x in enumerate(items) if type(x) in carrier_classes])
+
+
+def carried_at(positions: list[int]) -> tuple[int, ...] | bool:
+    """The `carried` of `Holes` for carriers at these item positions (none deeper):
+    False for none, so that every way of splitting a value records it alike."""
+    return interned(tuple(positions)) if positions else False
 
 
 def _holes(

@@ -57,7 +57,7 @@ from ._layout import (
     static_sequence,
     static_tree,
 )
-from ._mixed import Holes, punch, punch_items
+from ._mixed import carried_at, Holes, punch, punch_items
 from ._retrace import note_new_aux, NOTED_ENTRY_TYPES
 from ._static_checks import find_hidden_array, is_uncomparable, warn_once
 from ._static_values import needs_exact_float, snapshot_leaf
@@ -322,8 +322,8 @@ def _split_flat(
     if types.isdisjoint(_static_leaf_types) and types.isdisjoint(SCALAR_TYPES):
         return None  # no static item: the walk's own flat path is quicker
     items = list(value)
-    at = []
-    carriers = dynamic = False
+    at, carried = [], []
+    dynamic = False
     for i, item in enumerate(items):
         item_kind = type(item)
         if item_kind in _plain_array_types:
@@ -336,7 +336,7 @@ def _split_flat(
             at.append(i)
         elif _carrier_class_of(item_kind) is not None:
             items[i] = carrier = _to_carrier(item)
-            carriers = True
+            carried.append(i)
             # A layer without arrays (a `Dropout`) holds no leaf.
             dynamic = dynamic or bool(jtu.tree_leaves(carrier))
         else:
@@ -349,7 +349,7 @@ def _split_flat(
         met.append(value)
     static = [items[i] for i in at]
     _check_static_items(owner, where, at, static)
-    return HOLED, punch_items(kind, items, at, static, carriers)
+    return HOLED, punch_items(kind, items, at, static, carried_at(carried))
 
 
 def _check_static_items(
