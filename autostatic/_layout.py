@@ -547,10 +547,15 @@ def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], An
     stands for, sharing one attribute dict filled at once (as Equinox's generated
     unflatten fills its module's); generated for the layout's fields, so that each is
     a few stores (no loop)."""
+    source = ["def unflatten(cls, aux, children):", *_fill_body(layout)]
+    return _generated(layout, "unflatten", source)
+
+
+def _fill_body(layout: Layout) -> list[str]:
+    """The source lines of `_generated_fill`'s function body."""
     lines, names, values, containers = _attribute_code(layout, watched=False)
     stores = [f"    attrs[{n!r}] = v{i}" for i, n in enumerate(names)]
-    source = [
-        "def unflatten(cls, aux, children):",
+    return [
         *lines,
         "    obj = new(cls)",
         "    layer = new(layer_class)",
@@ -561,7 +566,48 @@ def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], An
         "    set_attributes(obj, attrs)",
         "    return obj",
     ]
-    return _generated(layout, "unflatten", source)
+
+
+def carrier_unflatten(cls: type) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
+    """The unflatten to register for the carrier class `cls`: `unflatten_filled`,
+    until the first layout of `cls` has its fill generated; then that fill, inline,
+    for that layout (any other still goes through `unflatten_filled`).
+
+    Equinox registers `functools.partial(unflatten, cls)` when the class is made,
+    before any layout exists, so the function it holds is made here, alone in its
+    namespace, and its code is replaced once (a function's `__code__` is writable):
+    a held layer's unflatten is then one Python call, as Equinox's is, not two."""
+    namespace: dict[str, Any] = {"unflatten_filled": unflatten_filled}
+    source = "def unflatten(cls, aux, children):\n    return unflatten_filled(cls, aux, children)"
+    exec(
+        compile(source, f"<autostatic unflatten of {cls.__qualname__}>", "exec"),
+        namespace,
+    )
+    function = namespace["unflatten"]
+    _unspecialised[cls] = function
+    return function
+
+
+# The registered unflatten of each carrier class whose first layout has not been met.
+_unspecialised: "weakref.WeakKeyDictionary[type, Any]" = weakref.WeakKeyDictionary()
+
+
+def _specialise(layout: Layout) -> None:
+    """Gives the registered unflatten of `layout.cls`, if it has none yet, the fill
+    of `layout` inline (`carrier_unflatten`)."""
+    function = _unspecialised.pop(layout.cls, None)
+    if function is None:
+        return
+    source = [
+        "def unflatten(cls, aux, children):",
+        "    if aux[0] is not layout:",
+        "        return unflatten_filled(cls, aux, children)",
+        *_fill_body(layout),
+    ]
+    specialised = _generated(layout, "unflatten", source)
+    function.__globals__.update(specialised.__globals__)
+    function.__globals__["layout"] = layout
+    function.__code__ = specialised.__code__
 
 
 def _generated_materialise(layout: Layout) -> Callable[..., Any]:
@@ -603,6 +649,7 @@ def unflatten_filled(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
     fill = layout.fill
     if fill is None:
         fill = layout.fill = _generated_fill(layout)
+        _specialise(layout)
     return fill(cls, aux, children)
 
 
@@ -736,7 +783,7 @@ def flatten_functions(
         return tuple(zip(aux.layout.child_keys, children)), aux
 
     if filled:
-        return flatten, flatten_with_keys, unflatten_filled
+        return flatten, flatten_with_keys, carrier_unflatten(cls)
     if needs_eager(cls):
         chosen = unflatten_eager
     else:

@@ -382,3 +382,17 @@ def test_layers_of_equal_sizes_share_their_aux_and_floats_stay_exact():
     dropouts = Layers([eqx.nn.Dropout(-0.0), eqx.nn.Dropout(0.0)])
     signs = [str(layer.p) for layer in jax.tree.map(lambda x: x, dropouts).layers]
     assert signs == ["-0.0", "0.0"]
+
+
+@pytest.mark.parametrize("first", [0.1, -0.0])
+def test_a_layer_class_unflattens_every_layout_it_meets(first):
+    # A carrier class's unflatten runs its first layout's fill inline; a layer of
+    # the same class with another layout (a zero `p` is held exactly, a `0.1` as it
+    # is) must still read back its own values, whichever came first.
+    for order in ([first, 0.1, -0.0], [first, -0.0, 0.1]):
+        model = Layers([eqx.nn.Dropout(p) for p in order])
+        for _ in range(2):
+            again = jax.tree.map(lambda x: x, model)
+            ps = [layer.p for layer in again.layers]
+            assert [type(p) for p in ps] == [float] * 3
+            assert [str(p) for p in ps] == [str(p) for p in order]
