@@ -160,9 +160,10 @@ def _real_if_carrier(x: Any) -> Any:
 
 
 _surgery = threading.local()  # .keeps_carriers: inside `carriers_as_attributes`
-# How many threads are inside `carriers_as_attributes`: while none is, reading the
-# thread-local flag (slow next to the rest of an attribute fill-in) is skipped.
-_surgeries = [0]
+# How many threads are inside `carriers_as_attributes` (`[0]`): while none is,
+# reading the thread-local flag (slow next to the rest of an attribute fill-in) is
+# skipped. Generated fills read it inline (`_layout`).
+surgeries = [0]
 _surgeries_lock = threading.Lock()
 
 
@@ -174,25 +175,25 @@ def carriers_as_attributes() -> Iterator[None]:
     before = getattr(_surgery, "keeps_carriers", False)
     _surgery.keeps_carriers = True
     with _surgeries_lock:
-        _surgeries[0] += 1
+        surgeries[0] += 1
     try:
         yield
     finally:
         with _surgeries_lock:
-            _surgeries[0] -= 1
+            surgeries[0] -= 1
         _surgery.keeps_carriers = before
 
 
 def _keeps_carriers() -> bool:
     """Whether this thread is inside `carriers_as_attributes` (ask only while
-    `_surgeries[0]`: a thread-local read is slow next to a fill-in)."""
+    `surgeries[0]`: a thread-local read is slow next to a fill-in)."""
     return getattr(_surgery, "keeps_carriers", False)
 
 
 def with_layers(value: Any) -> Any:
     """`value` with every carrier reachable through built-in containers replaced by its
     layer: what the attribute holds."""
-    if _surgeries[0] and _keeps_carriers():
+    if surgeries[0] and _keeps_carriers():
         return value
     kind = type(value)
     if kind is list or kind is tuple:
@@ -218,7 +219,7 @@ def items_with_layers_at(
     spare the look at every item's type."""
     if not carried:
         return list(items)
-    if carried is True or _surgeries[0]:
+    if carried is True or surgeries[0]:
         return items_with_layers(items)
     parts = list(items)
     try:
@@ -232,7 +233,7 @@ def items_with_layers_at(
 def items_with_layers(items: "list[Any] | tuple[Any, ...]") -> list[Any]:
     """The items of a list or tuple, as a new list, with every carrier reachable
     through built-in containers replaced by its layer."""
-    if _surgeries[0] and _keeps_carriers():
+    if surgeries[0] and _keeps_carriers():
         return list(items)
     if _leaf_types.issuperset(map(type, items)):  # no container among them
         try:

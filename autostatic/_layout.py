@@ -35,7 +35,7 @@ from typing import Any, Final, NamedTuple
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._carriers import carrier_classes, with_layers
+from ._carriers import carrier_classes, real_layer, surgeries, with_layers
 from ._compat import set_module_attributes as _set_attributes
 from ._containers import (
     ContainerRecords,
@@ -44,7 +44,7 @@ from ._containers import (
     walk,
     watched_containers,
 )
-from ._fields import fields_of, get_flat, needs_eager, set_flat, set_layer
+from ._fields import fields_of, get_flat, get_layer, needs_eager, set_flat, set_layer
 from ._static_values import (
     HOLDER_TYPES,
     interned,
@@ -447,6 +447,8 @@ def _attribute_code(
     for i, (name, kind) in enumerate(zip(names, layout.kinds)):
         value, reaches = _value_code(layout, name, kind)
         lines.append(f"    v{i} = {value}")
+        if kind == CARRIED:
+            lines += _layer_code(f"v{i}")
         if watched and reaches:
             lines += _recording_code(f"v{i}", kind in CHILD_KINDS)
             recorded.append(f"*flat_v{i}, ")
@@ -466,9 +468,8 @@ def _attribute_code(
 def _value_code(layout: Layout, name: str, kind: int) -> tuple[str, bool]:
     """The expression of a field's attribute value, and whether the value may reach
     a container (a raw static entry does not)."""
-    if kind in (CHILD, CARRIED):
-        value = f"children[{layout.child_names.index(name)}]"
-        return (f"with_layers({value})" if kind == CARRIED else value), True
+    if kind in (CHILD, CARRIED):  # CARRIED: `_layer_code` follows
+        return f"children[{layout.child_names.index(name)}]", True
     j = layout.entry_names.index(name)
     entry = f"aux[{j + 1}]"
     entry_type = (layout.static_types or ())[j : j + 1]
@@ -478,7 +479,24 @@ def _value_code(layout: Layout, name: str, kind: int) -> tuple[str, bool]:
         return entry, False
     if entry_type and entry_type[0] in (StaticTree, StaticSequence):
         return f"{entry}.value()", True
+    if entry_type and entry_type[0] not in HOLDER_TYPES:  # a function: its own value
+        return entry, True
     return f"natural({entry})", True
+
+
+def _layer_code(v: str) -> list[str]:
+    """Source lines that make `v`, a CARRIED child, its attribute value: a lone
+    carrier's layer read inline (most held layers are alone in their field), else
+    `with_layers`."""
+    return [
+        f"    if type({v}) in carrier_classes and not surgeries[0]:",
+        "        try:",
+        f"            {v} = get_layer({v})",
+        "        except AttributeError:  # a carrier made by calling its class",
+        f"            {v} = real_layer({v})",
+        "    else:",
+        f"        {v} = with_layers({v})",
+    ]
 
 
 def _recording_code(v: str, child: bool) -> list[str]:
@@ -528,6 +546,10 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "set_attributes": _set_attributes,
         "get_attribute": _object_getattribute,
         "with_layers": with_layers,
+        "carrier_classes": carrier_classes,
+        "surgeries": surgeries,
+        "get_layer": get_layer,
+        "real_layer": real_layer,
         "natural": entry_value,
         "leaf_types": known_leaf_types(),
         "walk": walk,

@@ -240,6 +240,18 @@ def test_a_carrier_called_as_a_class_builds_a_working_layer():
     layer = carrier_cls(3, 2, key=KEY)
     assert keystrs(layer) == [".weight", ".bias"]
     assert jax.jit(lambda lin, x: lin(x))(layer, jnp.ones(3)).shape == (2,)
+    # Put in place of held layers by a tree_map, it reads back as a layer: alone in
+    # an attention's field, and as an item of a list.
+    key = jax.random.key(5)
+    model = jax.tree.map(
+        lambda x: carrier_cls(8, 8, key=key) if isinstance(x, eqx.nn.Linear) else x,
+        Block(KEY),
+        is_leaf=lambda x: isinstance(x, eqx.nn.Linear),
+    )
+    expected = eqx.nn.Linear(8, 8, key=key).weight
+    for layer in (model.attention.query_proj, model.stack[0]):
+        assert type(layer) is eqx.nn.Linear
+        np.testing.assert_array_equal(layer.weight, expected)
 
 
 def test_layers_outside_an_automodule_stay_equinox_s():
