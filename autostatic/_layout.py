@@ -445,6 +445,11 @@ def _attribute_code(
     names = [f.name for f in dataclasses.fields(layout.cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
     lines, recorded = [], []
     for i, (name, kind) in enumerate(zip(names, layout.kinds)):
+        if kind == STATIC and _entry_type(layout, name) is StaticSequence:
+            entry = f"aux[{layout.entry_names.index(name) + 1}]"
+            lines += _sequence_code(f"v{i}", entry, watched)
+            recorded.append(f"*flat_v{i}, " if watched else "")
+            continue
         value, reaches = _value_code(layout, name, kind)
         lines.append(f"    v{i} = {value}")
         if kind == CARRIED:
@@ -472,16 +477,51 @@ def _value_code(layout: Layout, name: str, kind: int) -> tuple[str, bool]:
         return f"children[{layout.child_names.index(name)}]", True
     j = layout.entry_names.index(name)
     entry = f"aux[{j + 1}]"
-    entry_type = (layout.static_types or ())[j : j + 1]
+    entry_type = _entry_type(layout, name)
     if kind == HOLED:
         return f"{entry}.value(children[{layout.entry_child[j]}])", True
-    if entry_type and entry_type[0] in _RAW_ENTRY_TYPES:
+    if entry_type is None:  # the layout of a split: any entry
+        return f"natural({entry})", True
+    if entry_type in _RAW_ENTRY_TYPES:
         return entry, False
-    if entry_type and entry_type[0] in (StaticTree, StaticSequence):
+    if entry_type in (StaticTree, StaticSequence):
         return f"{entry}.value()", True
-    if entry_type and entry_type[0] not in HOLDER_TYPES:  # a function: its own value
+    if entry_type not in HOLDER_TYPES:  # a function: its own value
         return entry, True
     return f"natural({entry})", True
+
+
+def _entry_type(layout: Layout, name: str) -> type | None:
+    """The type of the aux entry of field `name` in a typed layout, else None."""
+    if layout.static_types is None:
+        return None
+    return layout.static_types[layout.entry_names.index(name)]
+
+
+def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
+    """Source lines that make `v` the value of `entry`, a `StaticSequence`, and (if
+    `watched`) its record as `flat_v`. Its leaves are no containers: a sequence of
+    leaves that are their own values is made from them at once, and its record as a
+    list is those leaves, as the aux holds them."""
+    value = [
+        f"    if holder_free({entry}[1]):",
+        f"        {v} = {entry}[2:]",
+        f"        if {entry}[0] is list:",
+        f"            {v} = list({v})",
+        "    else:",
+        f"        {v} = {entry}.value()",
+    ]
+    if not watched:
+        return value
+    return [
+        f"    if {entry}[0] is list and holder_free({entry}[1]):",
+        f"        items = {entry}[2:]",
+        f"        {v} = list(items)",
+        f"        flat_{v} = ({v}, list_snapshot, items),",
+        "    else:",
+        f"        {v} = {entry}.value()",
+        *("    " + line for line in _recording_code(v, False)),
+    ]
 
 
 def _layer_code(v: str) -> list[str]:
@@ -551,6 +591,7 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "get_layer": get_layer,
         "real_layer": real_layer,
         "natural": entry_value,
+        "holder_free": HOLDER_TYPES.isdisjoint,
         "leaf_types": known_leaf_types(),
         "walk": walk,
         "watched_containers": watched_containers,
