@@ -687,8 +687,12 @@ def _generated_materialise(layout: Layout) -> Callable[..., Any]:
         *lines,
         # One `update` from a complete dict, then the values that mark the instance
         # filled in: another thread reading it at the same time sees either no
-        # field (and fills them in too) or every field.
-        f"    attrs.update({{{stored}}})",
+        # field (and fills them in too) or every field. A field written before
+        # (`object.__setattr__`) keeps its value, which the flatten then sees.
+        "    if attrs:",
+        f"        attrs.update({{**{{{stored}}}, **attrs}})",
+        "    else:",
+        f"        attrs.update({{{stored}}})",
         f"    set_flat(obj, (children, aux, {values}, {containers}))",
     ]
     return _generated(layout, "materialise", source)
@@ -722,7 +726,7 @@ def flatten(obj):
         children, aux, v, containers = get_flat(obj)
     except AttributeError:
         return refresh(obj)
-    if v is None:
+    if v is None:{unfilled}
         return children, aux
     d = get_attribute(obj, "__dict__")
     try:
@@ -740,21 +744,33 @@ def flatten(obj):
 """
 
 
+# For a lazily unflattened instance not yet filled in, whose dict is empty unless
+# `object.__setattr__` wrote to it.
+_UNFILLED_CHECK: Final = """
+        if get_attribute(obj, "__dict__"):
+            materialise(obj)
+            return refresh(obj)"""
+
+
 def _generated_flatten(
-    cls: type, refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]]
+    cls: type, refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]], lazy: bool
 ) -> Callable[[Any], tuple[tuple[Any, ...], Aux]]:
     """Flatten for `cls`: the stored partition, after checking by identity that each
     field still holds the value it was decided from (one generated comparison per
     field, so that even a bypass of `__setattr__` is seen) and that no watched
-    container changed; otherwise `refresh(obj)`."""
+    container changed; otherwise `refresh(obj)`. An instance of a `lazy` class not
+    yet filled in is checked for a field written by a bypass."""
     names = [f.name for f in dataclasses.fields(cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
     checks = "".join(f"d[{n!r}] is v[{i}] and " for i, n in enumerate(names))
     namespace = {
         "get_flat": get_flat,
         "get_attribute": _object_getattribute,
         "refresh": refresh,
+        "materialise": materialise,
     }
-    source = _FLATTEN_SOURCE.format(checks=checks)
+    source = _FLATTEN_SOURCE.format(
+        checks=checks, unfilled=_UNFILLED_CHECK if lazy else ""
+    )
     name = f"<autostatic flatten of {cls.__qualname__}>"
     exec(compile(source, name, "exec"), namespace)
     return namespace["flatten"]
@@ -839,7 +855,7 @@ def flatten_functions(
     shadows a field (`needs_eager`); with `on_new_aux`, it reports each aux that is
     not the last one of its layout.
     """
-    flatten = _generated_flatten(cls, refresh)
+    flatten = _generated_flatten(cls, refresh, lazy=not filled)
 
     def flatten_with_keys(obj: Any) -> tuple[tuple[tuple[Any, Any], ...], Aux]:
         children, aux = flatten(obj)

@@ -162,8 +162,10 @@ def _factory_of_twos():
         "object.__setattr__",
     ],
 )
-def test_an_in_place_change_is_seen_by_eager_and_jit_alike(change):
-    model = Knobs()
+@pytest.mark.parametrize("made", ["built", "unflattened"])
+def test_an_in_place_change_is_seen_by_eager_and_jit_alike(change, made):
+    # An unflattened model records its containers when first read, not when built.
+    model = Knobs() if made == "built" else jax.tree.map(lambda x: x, Knobs())
     f = jax.jit(lambda m: m() if callable(m.weights[-1]) is False else m.w)
     run = jax.jit(lambda m: m())
     before = run(model)
@@ -179,6 +181,17 @@ def test_an_in_place_change_is_seen_by_eager_and_jit_alike(change):
     np.testing.assert_allclose(run(Knobs()), before)  # a fresh model is unaffected
     if "default_factory" not in change.__code__.co_consts:  # changes no value
         assert not np.allclose(run(model), before)
+
+
+def test_a_field_written_before_the_first_read_is_kept():
+    # An unflattened model fills its fields in on first read; one written before
+    # that by `object.__setattr__` keeps the written value, in eager code and jit.
+    model = jax.tree.map(lambda x: x, Knobs())
+    object.__setattr__(model, "scale", 0.01)
+    assert model.w.shape == (2,)  # the first read
+    assert model.scale == 0.01
+    np.testing.assert_allclose(jax.jit(lambda m: m())(model), model())
+    np.testing.assert_allclose(model(), Knobs()() - (0.1 - 0.01) * 8.0, rtol=1e-6)
 
 
 def test_a_changed_container_is_decided_once_then_read_back():
