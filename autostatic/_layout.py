@@ -484,7 +484,7 @@ def _value_code(layout: Layout, name: str, kind: int) -> tuple[str, bool]:
         return f"natural({entry})", True
     if entry_type in _RAW_ENTRY_TYPES:
         return entry, False
-    if entry_type in (StaticTree, StaticSequence):
+    if entry_type is StaticTree:  # a `StaticSequence` takes `_sequence_code`
         return f"{entry}.value()", True
     if entry_type not in HOLDER_TYPES:  # a function: its own value
         return entry, True
@@ -503,25 +503,21 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     `watched`) its record as `flat_v`. Its leaves are no containers: a sequence of
     leaves that are their own values is made from them at once, and its record as a
     list is those leaves, as the aux holds them."""
-    value = [
+    lines = [
         f"    if holder_free({entry}[1]):",
-        f"        {v} = {entry}[2:]",
+        f"        {v} = items = {entry}[2:]",
         f"        if {entry}[0] is list:",
-        f"            {v} = list({v})",
-        "    else:",
-        f"        {v} = {entry}.value()",
+        f"            {v} = list(items)",
     ]
-    if not watched:
-        return value
-    return [
-        f"    if {entry}[0] is list and holder_free({entry}[1]):",
-        f"        items = {entry}[2:]",
-        f"        {v} = list(items)",
-        f"        flat_{v} = ({v}, list_snapshot, items),",
-        "    else:",
-        f"        {v} = {entry}.value()",
-        *("    " + line for line in _recording_code(v, False)),
-    ]
+    if watched:
+        lines.append(
+            f"        flat_{v} = (({v}, list_snapshot, items),)"
+            f" if {entry}[0] is list else ()"
+        )
+    lines += ["    else:", f"        {v} = {entry}.value()"]
+    if watched:
+        lines += ("    " + line for line in _recording_code(v, False))
+    return lines
 
 
 def _layer_code(v: str) -> list[str]:
