@@ -210,6 +210,14 @@ def with_layers(value: Any) -> Any:
     return walk(value, (), _real_if_carrier, None)
 
 
+def carrier_positions(items: "list[Any] | tuple[Any, ...]") -> "list[int] | bool":
+    """The positions of the carriers among `items`, or True if an item is a
+    container that may hold one: what `items_with_layers_at` is given back."""
+    if not _leaf_types.issuperset(map(type, items)):
+        return True
+    return [i for i, x in enumerate(items) if type(x) in carrier_classes]
+
+
 def items_with_layers_at(
     items: "list[Any] | tuple[Any, ...]", carried: "tuple[int, ...] | bool"
 ) -> list[Any]:

@@ -12,14 +12,12 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from ._carriers import carrier_classes, items_with_layers_at, with_layers
-from ._containers import known_leaf_types
+from ._carriers import carrier_positions, items_with_layers_at, with_layers
 from ._fields import has_partition
 from ._static_values import HOLDER_TYPES, interned, natural_leaf, snapshot_leaf
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
-_leaf_types = known_leaf_types()
 
 
 def _is_none(x: Any) -> bool:
@@ -200,7 +198,7 @@ def _punch_items(
         at.append(i)
         static.append(leaf)
         i += 1
-    carried = _carried_at(child) if has_carriers else False
+    carried = carried_at(carrier_positions(child)) if has_carriers else False
     return punch_items(type(value), child, at, static, carried)
 
 
@@ -226,17 +224,12 @@ def punch_items(
     return (items if kind is list else tuple(items)), holes
 
 
-def _carried_at(items: list[Any]) -> tuple[int, ...] | bool:
-    """Where the carriers among `items` are, as `Holes` records it: their positions,
-    or True if an item is a container that may hold one."""
-    if not _leaf_types.issuperset(map(type, items)):
+def carried_at(positions: "list[int] | bool") -> tuple[int, ...] | bool:
+    """The `carried` of `Holes` for carriers at these item positions (none deeper),
+    or True (anywhere): False for none, so that every way of splitting a value
+    records it alike."""
+    if positions is True:
         return True
-    return carried_at([i for i, x in enumerate(items) if type(x) in carrier_classes])
-
-
-def carried_at(positions: list[int]) -> tuple[int, ...] | bool:
-    """The `carried` of `Holes` for carriers at these item positions (none deeper):
-    False for none, so that every way of splitting a value records it alike."""
     return interned(tuple(positions)) if positions else False
 
 
