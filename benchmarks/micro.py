@@ -8,9 +8,16 @@
   `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
   AutoModule (which swaps the layers for its own fast layer classes) vs `eqx.Module`
-  with the activation marked static vs the same arrays in dicts (the floor).
+  with the activation marked static vs the same arrays in dicts (the floor);
+- unflatten + read every field of the four real models, AutoModule vs the fair twin,
+  with warm caches (20 calls a batch, back to back) and cold (2 calls a batch, after
+  24 MB of other allocations): the comparison runner's batches are as short as the
+  cold ones and follow other cells.
 """
 
+import gc
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -21,7 +28,9 @@ import autostatic as asx
 from autostatic._compat import original_tree_at
 from autostatic._layout import Aux
 
-from .timing import paired_ratio, run_interleaved
+from . import models as M, real_models as R
+from .registry import MODELS
+from .timing import frozen_heap, paired_ratio, run_interleaved, summary
 
 
 class _NestedAux(NamedTuple):
@@ -171,7 +180,55 @@ def linear_256(rounds: int = 20) -> None:
         )
 
 
+def _evict_caches() -> None:
+    """Allocates and frees 24 MB in small objects: what the CPU caches held is gone."""
+    junk = [bytearray(64) for _ in range(200_000)]
+    del junk
+
+
+def _cold_batch(fn: Callable[[], Any], calls: int, cold: bool) -> float:
+    """CPU seconds of `calls` calls of `fn`, after evicting the caches if `cold`."""
+    if cold:
+        _evict_caches()
+    gc.disable()
+    start = time.process_time()
+    for _ in range(calls):
+        fn()
+    seconds = time.process_time() - start
+    gc.enable()
+    return seconds
+
+
+def warm_and_cold(rounds: int = 101) -> None:
+    """Unflatten + read every field of the real models, AutoModule / fair twin, with
+    warm and with cold caches; each round times the pair in alternating order."""
+    print("unflatten + read every field, AutoModule / eqx-static: warm | cold")
+    for model in (m for m in MODELS if m.kind == M.EQX_NN):
+        parts = model.parts(0)
+        cells = []
+        for impl in ("autostatic", "eqx-static"):
+            leaves, treedef = jax.tree_util.tree_flatten(model.build(impl, parts))
+            cells.append(
+                lambda d=treedef, x=leaves: R.read_all(
+                    jax.tree_util.tree_unflatten(d, x)
+                )
+            )
+        line = []
+        for calls, cold in ((20, False), (2, True)):
+            ratios = []
+            with frozen_heap():
+                for r in range(rounds):
+                    pair = cells if r % 2 else cells[::-1]
+                    times = [_cold_batch(fn, calls, cold) for fn in pair]
+                    ours, twin = times if r % 2 else times[::-1]
+                    ratios.append(ours / twin)
+            stat = summary(ratios)
+            line.append(f"{stat['median']:.3f}x ({stat['q1']:.3f}-{stat['q3']:.3f})")
+        print(f"  {model.name}: {line[0]} | {line[1]}")
+
+
 if __name__ == "__main__":
     aux_comparison()
     routed_tree_at()
     linear_256()
+    warm_and_cold()
