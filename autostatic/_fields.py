@@ -11,6 +11,7 @@ only accessors.
 """
 
 import dataclasses
+import inspect
 import operator
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple
@@ -118,10 +119,27 @@ def moved_defaults(cls: type) -> set[str]:
     }
 
 
+# The `__getattr__` that fills a lazily unflattened instance in (AutoModule's own).
+_filling_getattr: list[Callable[..., Any]] = []
+
+
+def fills_in(getattr_: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks `getattr_` as the `__getattr__` that fills a lazily unflattened
+    instance in: a class whose `__getattr__` is another one is filled in at
+    unflatten (`needs_eager`)."""
+    _filling_getattr.append(getattr_)
+    return getattr_
+
+
 def needs_eager(cls: type) -> bool:
-    """Whether a field name of `cls` still resolves on the class once its own defaults
-    have moved (a non-AutoModule base's default, a parent's method of that name): it
-    would shadow a lazily unflattened instance's empty `__dict__`."""
+    """Whether a lazily unflattened instance of `cls` could not be filled in on first
+    read: a field name still resolves on the class once its own defaults have moved
+    (a non-AutoModule base's default, a parent's method of that name), shadowing the
+    empty `__dict__`; or the class has a `__getattr__` of its own (a wrapper that
+    delegates, a friendlier error), which a first read would reach instead of the
+    fill."""
+    if inspect.getattr_static(cls, "__getattr__", None) not in _filling_getattr:
+        return True
     moved = moved_defaults(cls)
     fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass by now
     return any(

@@ -185,6 +185,7 @@ class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
                 f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
             )
 
+        @_fields.fills_in
         def __getattr__(self, name: str) -> Any:
             # Reached only when normal lookup fails: a lazily unflattened instance, a
             # field with a default that a custom __init__ did not set, or a property
@@ -210,6 +211,12 @@ class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
             raise AttributeError(
                 f"{cls.__qualname__!r} object has no attribute {name!r}"
             )
+
+        def __dir__(self) -> list[str]:
+            # A lazily unflattened instance's fields are not in its `__dict__` yet:
+            # `dir` (and so `inspect.getmembers`, completion) would miss them.
+            _layout.materialise(self)
+            return object.__dir__(self)
 
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(

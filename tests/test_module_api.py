@@ -3,6 +3,7 @@
 import abc
 import copy
 import dataclasses
+import inspect
 import pickle
 import subprocess
 import sys
@@ -425,6 +426,63 @@ def test_fields_shadowing_base_class_attributes_read_the_instance_value():
 
     child = jax.tree_util.tree_map(lambda x: x, Child(jnp.ones(1), "field"))
     assert child.norm == "field"
+
+
+def _own_getattr_classes(base: type) -> tuple[type, type, type]:
+    """On `base`: a held module, a wrapper that delegates unknown names to it, and a
+    module whose `__getattr__` gives a friendlier error for a typo."""
+    static = base is eqx.Module
+
+    class Inner(base):
+        w: jax.Array
+
+    class Wrapper(base):
+        inner: Inner
+        scale: float = eqx.field(static=static, default=3.0)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    class Strict(base):
+        w: jax.Array
+        n: int = eqx.field(static=static, default=2)
+
+        def __getattr__(self, name):
+            raise AttributeError(f"{type(self).__name__} has no field {name!r}")
+
+    return Inner, Wrapper, Strict
+
+
+@pytest.mark.parametrize("transform", ["tree_map", "jit", "filter_jit"])
+def test_a_class_with_its_own_getattr_reads_its_fields_after_unflatten(transform):
+    # A first read of a lazily unflattened instance goes through `__getattr__`: a
+    # class with its own is filled in at unflatten instead.
+    def run(base):
+        inner, wrapper, strict = _own_getattr_classes(base)
+        models = (wrapper(inner(jnp.ones(2))), strict(jnp.ones(2)))
+        if transform == "tree_map":
+            m, s = jax.tree_util.tree_map(lambda x: x + 1, models)
+        else:
+            jit = jax.jit if transform == "jit" else eqx.filter_jit
+            m, s = jit(lambda models: models)(models)
+        with pytest.raises(AttributeError, match="'w_typo'"):
+            m.w_typo  # the wrapper passes it on: Inner has no such field
+        with pytest.raises(AttributeError, match="Strict has no field 'n_typo'"):
+            s.n_typo
+        return m.w * m.scale, s.w * s.n, m.inner.w
+
+    for ours, ref in zip(run(asx.AutoModule), run(eqx.Module)):
+        np.testing.assert_allclose(ours, ref)
+
+
+def test_dir_of_an_unflattened_module_lists_its_fields():
+    class M(asx.AutoModule):
+        w: jax.Array
+        n: int = 3
+
+    m = jax.tree_util.tree_map(lambda x: x + 1, M(jnp.ones(2)))
+    assert {"w", "n"} <= set(dir(m))
+    assert dict(inspect.getmembers(m))["n"] == 3
 
 
 def test_attribute_error_inside_a_property_is_not_masked():
