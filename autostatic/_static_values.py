@@ -95,10 +95,31 @@ def static_key(x: Any) -> tuple[type, Any]:
 
 
 class SetValue(frozenset):
-    """A set held as a static leaf: a frozen copy, so that mutating the attribute's
-    set cannot change a treedef JAX has cached. Reads back as a `set`."""
+    """A set or frozenset held as a static leaf: a frozen copy, so that mutating the
+    attribute's set cannot change a treedef JAX has cached, equal to another only
+    where its items are by the static-value rule, as a list's are (`{1}` is not
+    `{1.0}`: a set's own `==` would share one trace between them). Reads back as
+    its `kind`."""
 
-    __slots__ = ()
+    __slots__ = ("kind", "_key")
+
+    def __new__(cls, items: Iterable[Any], kind: type = set) -> "SetValue":
+        self = super().__new__(cls, items)
+        self.kind = kind
+        self._key = (kind, frozenset(map(static_key, self)))
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is SetValue and self._key == other._key
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return SetValue, (list(self), self.kind)
 
 
 def needs_exact_float(x: float | complex) -> bool:
@@ -216,8 +237,8 @@ def _compares_in_python(value: Any) -> bool:
 def snapshot_leaf(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, a frozen copy of a set,
     or a `Compared` for a leaf compared in Python."""
-    if type(leaf) is set:
-        return SetValue(leaf)
+    if type(leaf) is set or type(leaf) is frozenset:
+        return SetValue(leaf, type(leaf))
     exact = _exact_form(leaf)
     if exact is not leaf:
         return exact
@@ -233,7 +254,7 @@ HOLDER_TYPES: Final = frozenset({SetValue, Compared, SameProgram, ExactFloat})
 def natural_leaf(leaf: Any) -> Any:
     kind = type(leaf)
     if kind is SetValue:
-        return set(leaf)
+        return leaf.kind(leaf)
     if kind is Compared or kind is SameProgram or kind is ExactFloat:
         return leaf.value
     return leaf

@@ -4,6 +4,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import autostatic as asx
@@ -178,6 +179,24 @@ def test_equal_static_values_of_other_types_do_not_share_a_trace():
         == 3
     )
     assert asx.retrace_reasons(Scaled(jnp.ones(1), 1), Scaled(jnp.ones(1), 1.0))
+
+
+@pytest.mark.parametrize("kind", [set, frozenset])
+def test_sets_of_equal_items_of_other_types_do_not_share_a_trace(kind):
+    # A set's own `==` equates {1} and {1.0}; its items follow the rule a list's do.
+    class Holds(asx.AutoModule):
+        w: jax.Array
+        items: object
+
+    f = jax.jit(lambda m: m.w * next(iter(m.items)))
+    assert f(Holds(jnp.arange(3), kind({1}))).dtype == jnp.int32
+    assert f(Holds(jnp.arange(3), kind({1.0}))).dtype == jnp.float32
+    assert jnp.signbit(f(Holds(jnp.ones(1), kind({-0.0}))))[0]
+    assert not jnp.signbit(f(Holds(jnp.ones(1), kind({0.0}))))[0]
+    models = [Holds(jnp.ones(1), kind({v})) for v in (1, 1.0, True, 1)]
+    assert _traces(lambda m, x: m.w * next(iter(m.items)), models) == 3
+    rebuilt = jax.tree_util.tree_map(lambda x: x, models[0])
+    assert type(rebuilt.items) is kind and rebuilt.items == {1}
 
 
 def test_threads_constructing_at_once_share_one_structure():
