@@ -12,9 +12,10 @@ afresh when one has changed. Eager code and `jax.jit` then see the same values.
 import dataclasses
 import operator
 from collections import defaultdict, OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, Final
 
+import equinox as eqx
 import jax.tree_util as jtu
 
 # Where a container sits: ("Net.layers", 3, "w") formats as Net.layers[3]['w'].
@@ -69,11 +70,11 @@ def _dict_items(value: Any) -> list[tuple[Hashable, Any]]:
 
 
 def _dict_snapshot(c: Any) -> tuple[Any, ...]:
-    return (tuple(c), tuple(c.values()))
+    return (*c, *c.values())
 
 
 def _defaultdict_snapshot(c: Any) -> tuple[Any, ...]:
-    return (tuple(c), tuple(c.values()), c.default_factory)
+    return (*c, *c.values(), c.default_factory)
 
 
 def _dict_rebuilder(kind: Callable[[dict], Any]) -> Callable[[Any, list[Any]], Any]:
@@ -101,7 +102,7 @@ _NAMEDTUPLE: Final = ContainerType(
     _sequence_items, lambda value, items: type(value)(*items)
 )
 # Leaves to JAX that a change in place would still alter: watched, never walked.
-_WATCHED_LEAF_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {set: frozenset}
+_WATCHED_LEAF_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {set: tuple}
 
 
 def container_type(kind: type) -> ContainerType | None:
@@ -135,10 +136,6 @@ _SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {
     **{kind: row.snapshot for kind, row in CONTAINER_TYPES.items() if row.snapshot},
     **_WATCHED_LEAF_SNAPSHOTS,
 }
-
-
-# How a list is recorded: what generated code that records one inline uses.
-LIST_SNAPSHOT: Final = _SNAPSHOTS[list]
 
 
 def is_watched(kind: type) -> bool:
@@ -246,22 +243,58 @@ def check_acyclic(value: Any, path: ContainerPath) -> None:
         walk(value, path, None, None)
 
 
-ContainerRecords = tuple[tuple[Any, Callable[[Any], Any], Any], ...]
+# `(container, snapshot, items, by_identity)`: the node's flatten takes the container
+# for unchanged while `snapshot(container) == items`, and, `by_identity`, each item is
+# the very same object.
+ContainerRecord = tuple[Any, Callable[[Any], Any], Any, bool]
+ContainerRecords = tuple[ContainerRecord, ...]
+
+
+# Exact types whose `==` between an item and its replacement is true only where the
+# tree and the results would be the same: a container holding only these is recorded
+# as a tuple of its items and compared with `!=` in C (identical items are equal
+# without a call of `==`: a pointer comparison per item). Types with no `__eq__` of
+# their own (functions, activations) compare by identity; strings by value; Equinox
+# modules by `tree_equal`, which holds only for arrays of the same shapes, dtypes and
+# values and equal static fields (AutoModules: the very same arrays). Numbers (`1 ==
+# 1.0 == True`, `0.0 == -0.0`), arrays (a one-element array `==` a number),
+# containers (`[1] == [1.0]`) and types with an `__eq__` of their own are not: a
+# container holding one is also compared item by item by identity (~30 ns an item).
+_exact_eq_types: set[type] = {str, type(None)}
+_inexact_eq_types: set[type] = set()
+
+
+def eq_is_exact(types: "Iterable[type]") -> bool:
+    """Whether `==` between items of these exact types and their replacements is
+    exact enough to tell a change (see `_exact_eq_types`)."""
+    for kind in types:
+        if kind in _exact_eq_types:
+            continue
+        if kind in _inexact_eq_types or kind in _NOT_CONTAINERS:
+            return False
+        if (
+            getattr(kind, "__eq__", None) is object.__eq__
+            and kind not in CONTAINER_TYPES
+        ) or issubclass(kind, eqx.Module):
+            _exact_eq_types.add(kind)
+        else:
+            _inexact_eq_types.add(kind)
+            return False
+    return True
+
+
+def record_container(c: Any, items: "tuple[Any, ...] | None" = None) -> ContainerRecord:
+    """The record of a watched container `c` (of `items`, its snapshot, if known)."""
+    snapshot = _SNAPSHOTS[type(c)]
+    if items is None:
+        items = snapshot(c)
+    return c, snapshot, items, not eq_is_exact(map(type, items))
 
 
 def watched_containers(met: "Sequence[Any]") -> ContainerRecords | None:
     """The record of each list, dict and set in `met` (those a node's field values
-    reach through built-in containers): `(container, snapshot, snapshot(container))`,
-    which the node's flatten compares as `snapshot(container) != record`; None if
-    there are none.
-
-    A container is recorded as a tuple of its items, compared in C: identical items
-    are equal without calling `==`, so an unchanged container costs a pointer
-    comparison per item. (An item replaced by another that compares equal with `==`
-    passes for the same item: the partition then holds the old, equal value.)
-    """
-    records = []
-    for c in met:
-        snapshot = _SNAPSHOTS[type(c)]
-        records.append((c, snapshot, snapshot(c)))
-    return tuple(records) or None
+    reach through built-in containers), which the node's flatten checks; None if
+    there are none. A container is unchanged while it holds the very same objects,
+    in the same order: an item replaced in place by one that `==` calls equal is a
+    change, as it would be to a fresh flatten."""
+    return tuple(map(record_container, met)) or None

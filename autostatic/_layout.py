@@ -40,7 +40,7 @@ from ._compat import set_module_attributes as _set_attributes
 from ._containers import (
     ContainerRecords,
     known_leaf_types,
-    LIST_SNAPSHOT,
+    record_container,
     walk,
     watched_containers,
 )
@@ -201,9 +201,7 @@ def plain_split(
     # A carrier's flatten checks nothing (see `_carriers`): no values to check.
     carrier = fields_of(layout.cls).carrier
     values = "None" if carrier else "values"
-    containers = "".join(
-        f"(values[{i}], list_snapshot, list_snapshot(values[{i}])), " for i in watched
-    )
+    containers = "".join(f"record(values[{i}]), " for i in watched)
     containers = f"({containers})" if watched and not carrier else "None"
     inexact = tuple(
         (i, j)
@@ -233,7 +231,7 @@ def plain_split(
         "Aux": Aux,
         "layout": layout,
         "carrier": to_carrier,
-        "list_snapshot": LIST_SNAPSHOT,
+        "record": record_container,
         "last_aux": [((_NO_ENTRIES,), None)],
         **{f"entry{i}": f for i, f in entry_of.items()},
         **{f"child{i}": f for i, f in child_of.items()},
@@ -511,8 +509,7 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     ]
     if watched:
         lines.append(
-            f"        flat_{v} = (({v}, list_snapshot, items),)"
-            f" if {entry}[0] is list else ()"
+            f"        flat_{v} = (record({v}, items),) if {entry}[0] is list else ()"
         )
     lines += ["    else:", f"        {v} = {entry}.value()"]
     if watched:
@@ -545,7 +542,7 @@ def _recording_code(v: str, child: bool) -> list[str]:
         return [
             f"    t = type({v})",
             f"    if t is list and leaf_types.issuperset(map(type, {v})):",
-            f"        flat_{v} = ({v}, list_snapshot, list_snapshot({v})),",
+            f"        flat_{v} = (record({v}),)",
             "    else:",
             f"        flat_{v} = ()",
             "        if t not in leaf_types:",
@@ -558,8 +555,7 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "        if not lazy_classes.isdisjoint(ts):",
         f"            pending += [x for x in {v} if type(x) in lazy_classes]",
         "        if leaf_types.issuperset(ts):",
-        f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v})),)"
-        " if t is list else ()",
+        f"            flat_{v} = (record({v}),) if t is list else ()",
         "        else:",
         f"            flat_{v} = ()",
         f"            walk({v}, (), None, met)",
@@ -591,7 +587,7 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "leaf_types": known_leaf_types(),
         "walk": walk,
         "watched_containers": watched_containers,
-        "list_snapshot": LIST_SNAPSHOT,
+        "record": record_container,
         "lazy_classes": _lazy_classes,
     }
     if kind == "unflatten":
@@ -729,8 +725,9 @@ def flatten(obj):
         if {checks}True:
             if containers is None:
                 return children, aux
-            for c, snapshot, items in containers:
-                if snapshot(c) != items:
+            for c, snapshot, items, by_identity in containers:
+                new = snapshot(c)
+                if new != items or by_identity and not all(map(is_, new, items)):
                     break
             else:
                 return children, aux
@@ -763,6 +760,7 @@ def _generated_flatten(
         "get_attribute": _object_getattribute,
         "refresh": refresh,
         "materialise": materialise,
+        "is_": operator.is_,
     }
     source = _FLATTEN_SOURCE.format(
         checks=checks, unfilled=_UNFILLED_CHECK if lazy else ""

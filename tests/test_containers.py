@@ -183,6 +183,55 @@ def test_an_in_place_change_is_seen_by_eager_and_jit_alike(change, made):
         assert not np.allclose(run(model), before)
 
 
+class Holds(asx.AutoModule):
+    items: Any
+
+
+def _replace(container, key, value):
+    if type(container) is set:
+        container.clear()
+        container.add(value)
+    else:
+        container[key] = value
+
+
+# A container, an item's key in it, and a replacement that `==` calls equal to the
+# item: 1 == 1.0 == True, 0.0 == -0.0, a one-element array == a number, [1] == [1.0].
+EQUAL_BUT_OTHER = {
+    "array->number": ([jnp.ones(1), "s"], 0, 1.0),
+    "array->0-d array": ([jnp.ones(1)], 0, jnp.ones(())),
+    "array->int array": ([jnp.ones(1), "s"], 0, jnp.ones(1, jnp.int32)),
+    "int->float": ([1, 2], 0, 1.0),
+    "int->bool": ([1, 2], 0, True),
+    "int->array": ([1, 2], 0, jnp.ones(1)),
+    "0.0->-0.0": ([0.0], 0, -0.0),
+    "dict array->int": ({"a": jnp.ones(1)}, "a", 1),
+    "set 1->1.0": ({1}, None, 1.0),
+    "nested [1]->[1.0]": ([[1], "s"], 0, [1.0]),
+}
+
+
+@pytest.mark.parametrize("case", EQUAL_BUT_OTHER)
+@pytest.mark.parametrize("made", ["built", "unflattened"])
+def test_an_item_replaced_by_an_equal_one_of_another_kind_is_a_change(case, made):
+    # `==` says "unchanged" for these: the check compares such items by identity.
+    items, key, value = EQUAL_BUT_OTHER[case]
+    model = Holds(items)
+    if made == "unflattened":
+        model = jax.tree.map(lambda x: x, model)
+
+    def first(m):
+        got = next(iter(m.items)) if type(m.items) is set else m.items[key]
+        return jnp.asarray(got[0] if type(got) is list else got)
+
+    jax.jit(first)(model)  # traced with the old item
+    _replace(model.items, key, value)
+    eager, jitted = first(model), jax.jit(first)(model)
+    assert (jitted.dtype, jitted.shape) == (eager.dtype, eager.shape)
+    np.testing.assert_array_equal(jitted, eager)
+    np.testing.assert_array_equal(jnp.signbit(jitted), jnp.signbit(eager))
+
+
 def test_a_field_written_before_the_first_read_is_kept():
     # An unflattened model fills its fields in on first read; one written before
     # that by `object.__setattr__` keeps the written value, in eager code and jit.
