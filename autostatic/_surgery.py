@@ -63,6 +63,12 @@ def _holds_arrays(targets: Any) -> bool:
     return targets is _sentinel or any(map(is_dynamic_leaf, jtu.tree_leaves(targets)))
 
 
+def _is_model(tree: Any) -> bool:
+    """Whether every leaf of `tree` is an array: a model, not a tree mapped from one
+    (a filter spec, whose leaves are bools)."""
+    return all(map(is_dynamic_leaf, jtu.tree_leaves(tree)))
+
+
 def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if replace is not _sentinel:
@@ -151,9 +157,10 @@ def routed_tree_at(
             return tree_at(where, pytree, user_replace, user_replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if arrays_only or not _holds_arrays(targets):
+    if arrays_only or not (_holds_arrays(targets) or _is_model(copied)):
         return out
-    # A non-array now sits where only arrays may be children: decide it afresh.
+    # A non-array now sits where only arrays may be children (in place of a target
+    # with no leaf, too: `None`, a `Dropout`, an empty container): decide it afresh.
     return tree_at(where, pytree, user_replace, user_replace_fn, is_leaf)
 
 

@@ -1,6 +1,7 @@
 """Semantics 9: surgery on static values, inference mode, stateful layers."""
 
 import warnings
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -295,6 +296,60 @@ def test_eqx_tree_at_replaces_static_values_as_autostatic_tree_at(where, replace
     assert read(new) == expected and read(model) != expected
     assert keystrs(new) == keystrs(model)  # still static: no new leaves
     jax.jit(_run_mixed)(new, state, jax.random.key(0))  # plain jit takes it
+
+
+class Leafless(asx.AutoModule):
+    """Fields whose values hold no leaf: each a node of the pytree with nothing in it."""
+
+    w: jax.Array
+    act: Any
+    drop: eqx.nn.Dropout
+    opts: dict
+    cfg: list
+    mixed: list
+    t: tuple
+
+    def __init__(self):
+        self.w = jnp.ones(2)
+        self.act = None
+        self.drop = eqx.nn.Dropout(0.5)
+        self.opts = {}
+        self.cfg = [1, []]
+        self.mixed = [jnp.ones(2), []]
+        self.t = ()
+
+
+@pytest.mark.parametrize(
+    "where, replace",
+    [
+        (lambda m: m.act, jax.nn.relu),
+        (lambda m: m.act, "gelu"),
+        (lambda m: m.drop, jax.nn.relu),
+        (lambda m: m.opts, {"k": 3}),
+        (lambda m: m.cfg[1], [7]),
+        (lambda m: m.mixed[1], [jnp.zeros(1), 5]),
+        (lambda m: m.t, (jnp.zeros(1), 3)),
+    ],
+    ids=[
+        "none-fn",
+        "none-str",
+        "dropout",
+        "empty-dict",
+        "static-list",
+        "mixed",
+        "tuple",
+    ],
+)
+def test_eqx_tree_at_on_a_target_without_leaves_decides_the_replacement(where, replace):
+    # Such a target is a node: Equinox's own `tree_at` put a non-array replacement
+    # in as a leaf (plain `jax.jit` then refused it), or lost it in an empty container.
+    model = Leafless()
+    new = eqx.tree_at(where, model, replace)
+    ref = asx.tree_at(where, model, replace)
+    assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(ref)
+    assert all(eqx.is_array(x) for x in jax.tree_util.tree_leaves(new))
+    assert eqx.tree_equal(where(new), replace)
+    jax.jit(lambda m: m.w + 1)(new)
 
 
 def test_eqx_tree_at_replace_fn_on_a_static_value():
