@@ -12,7 +12,7 @@ afresh when one has changed. Eager code and `jax.jit` then see the same values.
 import dataclasses
 import operator
 from collections import defaultdict, OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final
 
 import equinox as eqx
@@ -49,6 +49,10 @@ def _cycle_error(path: ContainerPath) -> ContainerCycleError:
     )
 
 
+# A watched container's items as a flat tuple of objects (a dict's keys, then values).
+Snapshot = Callable[[Any], tuple[Any, ...]]
+
+
 @dataclasses.dataclass(frozen=True)
 class ContainerType:
     """How AutoModule handles one built-in container type that JAX flattens as a
@@ -58,7 +62,7 @@ class ContainerType:
 
     items: Callable[[Any], list[tuple[Hashable, Any]]]
     rebuild: Callable[[Any, list[Any]], Any]
-    snapshot: Callable[[Any], Any] | None = None
+    snapshot: "Snapshot | None" = None
 
 
 def _sequence_items(value: Any) -> list[tuple[Hashable, Any]]:
@@ -102,7 +106,7 @@ _NAMEDTUPLE: Final = ContainerType(
     _sequence_items, lambda value, items: type(value)(*items)
 )
 # Leaves to JAX that a change in place would still alter: watched, never walked.
-_WATCHED_LEAF_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {set: tuple}
+_WATCHED_LEAF_SNAPSHOTS: Final[dict[type, Snapshot]] = {set: tuple}
 
 
 def container_type(kind: type) -> ContainerType | None:
@@ -132,7 +136,7 @@ def _with_items(value: Any, items: list[Any]) -> Any:
 
 # How a watched type is recorded: containers that can change in place, and the
 # watched leaves.
-_SNAPSHOTS: Final[dict[type, Callable[[Any], Any]]] = {
+_SNAPSHOTS: Final[dict[type, Snapshot]] = {
     **{kind: row.snapshot for kind, row in CONTAINER_TYPES.items() if row.snapshot},
     **_WATCHED_LEAF_SNAPSHOTS,
 }
@@ -246,7 +250,7 @@ def check_acyclic(value: Any, path: ContainerPath) -> None:
 # `(container, snapshot, items, by_identity)`: the node's flatten takes the container
 # for unchanged while `snapshot(container) == items`, and, `by_identity`, each item is
 # the very same object.
-ContainerRecord = tuple[Any, Callable[[Any], Any], Any, bool]
+ContainerRecord = tuple[Any, Snapshot, tuple[Any, ...], bool]
 ContainerRecords = tuple[ContainerRecord, ...]
 
 
@@ -264,9 +268,11 @@ _exact_eq_types: set[type] = {str, type(None)}
 _inexact_eq_types: set[type] = set()
 
 
-def eq_is_exact(types: "Iterable[type]") -> bool:
+def eq_is_exact(types: "set[type]") -> bool:
     """Whether `==` between items of these exact types and their replacements is
     exact enough to tell a change (see `_exact_eq_types`)."""
+    if _exact_eq_types.issuperset(types):
+        return True
     for kind in types:
         if kind in _exact_eq_types:
             continue
@@ -283,12 +289,17 @@ def eq_is_exact(types: "Iterable[type]") -> bool:
     return True
 
 
-def record_container(c: Any, items: "tuple[Any, ...] | None" = None) -> ContainerRecord:
-    """The record of a watched container `c` (of `items`, its snapshot, if known)."""
+def record_container(
+    c: Any, items: "tuple[Any, ...] | None" = None, types: "set[type] | None" = None
+) -> ContainerRecord:
+    """The record of a watched container `c` (of `items`, its snapshot, and of the
+    set of their `types`, where known)."""
     snapshot = _SNAPSHOTS[type(c)]
     if items is None:
         items = snapshot(c)
-    return c, snapshot, items, not eq_is_exact(map(type, items))
+    if types is None:
+        types = set(map(type, items))
+    return c, snapshot, items, not eq_is_exact(types)
 
 
 def watched_containers(met: "Sequence[Any]") -> ContainerRecords | None:

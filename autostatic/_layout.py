@@ -509,7 +509,8 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     ]
     if watched:
         lines.append(
-            f"        flat_{v} = (record({v}, items),) if {entry}[0] is list else ()"
+            f"        flat_{v} = (record({v}, items, set({entry}[1])),)"
+            f" if {entry}[0] is list else ()"
         )
     lines += ["    else:", f"        {v} = {entry}.value()"]
     if watched:
@@ -541,8 +542,8 @@ def _recording_code(v: str, child: bool) -> list[str]:
     if not child:
         return [
             f"    t = type({v})",
-            f"    if t is list and leaf_types.issuperset(map(type, {v})):",
-            f"        flat_{v} = (record({v}),)",
+            f"    if t is list and leaf_types.issuperset(ts := set(map(type, {v}))):",
+            f"        flat_{v} = (record({v}, None, ts),)",
             "    else:",
             f"        flat_{v} = ()",
             "        if t not in leaf_types:",
@@ -555,7 +556,7 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "        if not lazy_classes.isdisjoint(ts):",
         f"            pending += [x for x in {v} if type(x) in lazy_classes]",
         "        if leaf_types.issuperset(ts):",
-        f"            flat_{v} = (record({v}),) if t is list else ()",
+        f"            flat_{v} = (record({v}, None, ts),) if t is list else ()",
         "        else:",
         f"            flat_{v} = ()",
         f"            walk({v}, (), None, met)",
