@@ -76,6 +76,9 @@ class _Slot:
     shape: tuple[int, ...]
     dtype: np.dtype
     kinds: str = ""  # for a Python scalar: the dtype kinds that can store it
+    # A Python scalar that is a leaf of the template itself (a field annotated to
+    # hold arrays: a step counter): always saved, and its stored value is loaded.
+    loads_value: bool = False
 
 
 _SCALAR_KINDS = ((bool, "b"), (int, "iu"), (float, "f"), (complex, "c"))
@@ -94,6 +97,11 @@ def _slots(like: Any) -> list[_Slot]:
     which Equinox does not write either."""
     slots: list[_Slot] = []
     arrays: set[str] = set()  # filled by key path, so keys must be unique
+    scalar_leaves = {
+        jtu.keystr(path)
+        for path, leaf in jtu.tree_flatten_with_path(like)[0]
+        if _scalar_kinds(leaf) is not None
+    }
     exposed = expose(like, keep_declared_static=True)
     for path, leaf in jtu.tree_flatten_with_path(exposed)[0]:
         key = jtu.keystr(path)
@@ -107,7 +115,9 @@ def _slots(like: Any) -> list[_Slot]:
             shape, dtype = template_shape_dtype(key, leaf, known_only=False)
             slots.append(_Slot(key, leaf, True, shape, dtype))
         elif (kinds := _scalar_kinds(leaf)) is not None:
-            slots.append(_Slot(key, leaf, False, (), np.asarray(leaf).dtype, kinds))
+            loads = key in scalar_leaves
+            dtype = np.asarray(leaf).dtype
+            slots.append(_Slot(key, leaf, loads, (), dtype, kinds, loads_value=loads))
         elif saved_by_tree_serialise_leaves(leaf):  # e.g. an object with __jax_array__
             expected = np.asarray(leaf)
             slots.append(_Slot(key, expected, False, expected.shape, expected.dtype))
@@ -254,9 +264,13 @@ def _fits(slot: _Slot, blob: _Blob, blobs: _Blobs, values: bool) -> bool:
     """Whether `blob` can be the template leaf `slot`; `values=False` ignores the
     stored values of static leaves (to explain a failed alignment)."""
     if slot.kinds:  # a Python scalar, whose dtype Equinox chose (int32 or int64)
-        if blob.value is None or blob.dtype.kind not in slot.kinds:
+        if blob.value is None:
             return False
-        return not values or _same_value(blob.value, slot.leaf)
+        if not values:  # a value of another kind (1 for True) differs in value
+            return True
+        if blob.dtype.kind not in slot.kinds:
+            return False
+        return slot.loads_value or _same_value(blob.value, slot.leaf)
     if blob.shape != slot.shape or not _read_dtype_for(blob.dtype, slot.dtype):
         return False
     if slot.required or not values:
@@ -437,7 +451,7 @@ def _read(
     slots: list[_Slot], blobs: _Blobs, matched: dict[int, int], host: bool
 ) -> dict[str, Any]:
     """The arrays of the required slots, by key, read and placed like the template."""
-    required = [i for i, slot in enumerate(slots) if slot.required]
+    required = [i for i, s in enumerate(slots) if s.required and not s.loads_value]
     for i in required:
         problem = jax_dtype_problem(slots[i].key, slots[i].dtype, slots[i].leaf, host)
         if problem is not None:
@@ -450,6 +464,10 @@ def _read(
         loaded[slot.key] = in_flight.add(place(array, slot.leaf, host))
         del array
     in_flight.wait()
+    for i, slot in enumerate(slots):
+        value = blobs.blobs[matched[i]].value if slot.loads_value else None
+        if value is not None:  # as Equinox reads it: the template's type, the value
+            loaded[slot.key] = type(slot.leaf)(value.item())
     return loaded
 
 
@@ -491,7 +509,7 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
 
     def fill(path: tuple, leaf: Any) -> Any:
         if not is_dynamic_leaf(leaf):
-            return leaf
+            return loaded.get(jtu.keystr(path), leaf)  # a Python scalar leaf's value
         key = jtu.keystr(path)
         if key not in loaded:  # expose keeps every array at its key path
             raise AssertionError(

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from jaxtyping import ArrayLike, Int
 
 import autostatic as asx
 from autostatic import CheckpointError, load_eqx
@@ -150,6 +151,53 @@ def test_load_eqx_names_a_static_value_that_differs(
     assert (
         f"stores {stored} where the template has the static value {template}" in message
     )
+
+
+def _counter_class(base):
+    class Counter(base):
+        w: jax.Array
+        steps: Int[ArrayLike, ""]  # a leaf: loop state, not a hyperparameter
+        lr: float | jax.Array
+
+        def __init__(self, steps=0, lr=0.1):
+            self.w = jnp.ones(2)
+            self.steps = steps
+            self.lr = lr
+
+    return Counter
+
+
+def test_load_eqx_loads_the_stored_value_of_a_python_scalar_leaf():
+    # A field annotated to hold arrays keeps a Python number a leaf: its stored value
+    # is loaded, as Equinox loads it, not compared with the template's.
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, _counter_class(eqx.Module)(steps=5, lr=0.01))
+    template = _counter_class(asx.AutoModule)()
+    buffer.seek(0)
+    loaded = load_eqx(buffer, template)
+    buffer.seek(0)
+    ref = eqx.tree_deserialise_leaves(buffer, _counter_class(eqx.Module)())
+    assert (loaded.steps, loaded.lr) == (ref.steps, ref.lr) == (5, 0.01)
+    assert type(loaded.steps) is int and type(loaded.lr) is float
+
+
+def test_load_eqx_names_a_static_value_stored_as_another_kind():
+    class Flag(eqx.Module):
+        w: jax.Array
+        s: object
+
+    class AutoFlag(asx.AutoModule):
+        w: jax.Array
+        s: object
+
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, Flag(jnp.ones(2), 1))
+    buffer.seek(0)
+    with pytest.raises(
+        CheckpointError,
+        match=r"leaf \.s .*stores 1 where the template has the static value True",
+    ):
+        load_eqx(buffer, AutoFlag(jnp.ones(2), True))
 
 
 def test_load_eqx_never_shifts_on_an_extra_array(tmp_path):
