@@ -8,8 +8,10 @@ the leaves Equinox sees are then those of the same model written as an
 `eqx.Module`, and the files are the same, byte for byte, in both directions. A
 loaded tree has its partition decided afresh from the values read.
 
-A filter spec that is a pytree (a prefix of functions) is applied by Equinox to the
-AutoModule as it is: to its arrays.
+A filter spec that is a pytree of functions above the AutoModules (`(spec, spec)`
+for `(model, opt_state)`) is applied to each subtree exposed, as it is to an
+`eqx.Module`'s; one made from the AutoModules themselves (a `tree_map` of the model)
+fits their own form, and is applied to their arrays.
 """
 
 from collections.abc import Callable
@@ -25,16 +27,28 @@ from ._exposed import decide_again, expose
 from ._fields import has_partition
 
 
+def _holds_modules(tree: Any) -> bool:
+    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
+
+
 def _exposed_and_kwargs(tree: Any, filter_spec: Any) -> tuple[Any, dict[str, Any]]:
     """`tree` as Equinox's functions are to see it, and the filter spec to pass on
     (Equinox's default unless one was given)."""
     kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
-    holds_modules = jtu.treedef_is_leaf(jtu.tree_structure(filter_spec)) and any(
-        map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition))
-    )
-    if holds_modules:
-        tree = expose(tree, keep_declared_static=True)
-    return tree, kwargs
+    if not _holds_modules(tree):
+        return tree, kwargs
+    spec = jtu.tree_structure(filter_spec)
+    if jtu.treedef_is_leaf(spec):  # one function for every leaf
+        return expose(tree, keep_declared_static=True), kwargs
+    if _holds_modules(filter_spec):  # made from the modules: it fits their arrays
+        return tree, kwargs
+    # A prefix of functions above the modules: each subtree it covers is exposed.
+    try:
+        covered = spec.flatten_up_to(tree)
+    except (ValueError, TypeError):  # not a prefix: Equinox's call says so
+        return tree, kwargs
+    exposed = [expose(subtree, keep_declared_static=True) for subtree in covered]
+    return spec.unflatten(exposed), kwargs
 
 
 def tree_serialise_leaves(

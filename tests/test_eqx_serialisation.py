@@ -85,3 +85,19 @@ def test_an_eval_shape_template_loads_to_host_and_to_device():
     loaded = eqx.tree_deserialise_leaves(io.BytesIO(data), template)
     assert_same_arrays(loaded, make(Auto, 0))
     assert jax.jit(lambda m: m.linear.weight + 1)(loaded).shape == (2, 2)
+
+
+def test_a_filter_spec_above_the_modules_writes_and_reads_as_for_the_twin():
+    # A prefix of functions (one per item of the tuple) reaches the Python values of
+    # the modules below it, as it reaches an eqx.Module's.
+    spec = (eqx.default_serialise_filter_spec, eqx.default_serialise_filter_spec)
+    f = io.BytesIO()
+    eqx.tree_serialise_leaves(f, (make(Auto, 1), 7), filter_spec=spec)
+    g = io.BytesIO()
+    eqx.tree_serialise_leaves(g, (make(Eqx, 1), 7), filter_spec=spec)
+    assert f.getvalue() == g.getvalue()
+    load = (eqx.default_deserialise_filter_spec, eqx.default_deserialise_filter_spec)
+    g.seek(0)
+    model, n = eqx.tree_deserialise_leaves(g, (make(Auto, 0, depth=9), 1), load)
+    assert (n, model.depth, model.scale) == (7, 5, 0.5)
+    assert_same_arrays(model, make(Auto, 1))
