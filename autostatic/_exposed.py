@@ -43,9 +43,24 @@ def exposed_module(
     return unflatten(cls, aux, tuple(children))
 
 
-def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
+# Each exposed module of a tree, by `_identity_key`, and the module it was made from.
+Originals = dict[tuple[Any, tuple[int, ...]], Any]
+
+
+def _identity_key(exposed: Any) -> tuple[Any, tuple[int, ...]]:
+    """The structure of an exposed module and the identities of its leaves: equal for
+    an exposed module that a tree operation rebuilt without changing anything in it
+    (while the exposed tree, which holds those leaves, is alive)."""
+    leaves, treedef = jtu.tree_flatten(exposed)
+    return treedef, tuple(map(id, leaves))
+
+
+def expose(
+    tree: Any, *, keep_declared_static: bool = False, originals: Originals | None = None
+) -> Any:
     """A copy of `tree` in which every AutoModule has all its fields as children
-    (`exposed_module`), and every carrier is the layer it stands for."""
+    (`exposed_module`), and every carrier is the layer it stands for. With
+    `originals`, each exposed AutoModule is recorded in it (for `decide_again`)."""
 
     def expose_module(module: Any) -> Any:
         cls = type(module)
@@ -55,18 +70,29 @@ def expose(tree: Any, *, keep_declared_static: bool = False) -> Any:
         values = {
             n: _map_modules(expose_module, attrs[n]) for n in fields_of(cls).names
         }
-        return exposed_module(cls, values, keep_declared_static=keep_declared_static)
+        exposed = exposed_module(cls, values, keep_declared_static=keep_declared_static)
+        if originals is not None:
+            originals[_identity_key(exposed)] = module
+        return exposed
 
     return _map_modules(expose_module, tree)
 
 
-def decide_again(tree: Any) -> Any:
-    """Decides the partition of every AutoModule in `tree` from its current values."""
+def decide_again(tree: Any, originals: Originals | None = None) -> Any:
+    """Decides the partition of every AutoModule in `tree` from its current values;
+    one that an operation on the exposed tree left unchanged is the module it was
+    exposed from, as it was (`originals`): deciding it again could give another
+    partition (an optax `MaskedNode` where an array was), and the tree another
+    structure where nothing was changed."""
 
     def decide_module(module: Any) -> Any:
         cls = type(module)
         if fields_of(cls).carrier:
             return module
+        if originals:
+            original = originals.get(_identity_key(module))
+            if original is not None:
+                return original
         attrs = materialise(module)
         names = fields_of(cls).names
         return new_decided(

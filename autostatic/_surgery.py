@@ -20,7 +20,7 @@ import jax.tree_util as jtu
 
 from ._carriers import carriers_as_attributes, is_carrier, real_layer
 from ._compat import original_inference_mode, original_tree_at
-from ._exposed import decide_again, expose
+from ._exposed import decide_again, expose, Originals
 from ._fields import has_partition
 from ._partition import is_dynamic_leaf, with_carriers
 
@@ -69,6 +69,19 @@ def _is_model(tree: Any) -> bool:
     return all(map(is_dynamic_leaf, jtu.tree_leaves(tree)))
 
 
+def _one_per_target(targets: Any, replace: Any, tree: Any) -> bool:
+    """Whether `replace` is a sequence of replacements, one per target: `where` gave
+    a sequence that is not itself a node of `tree` (Equinox's own test)."""
+    if not (
+        isinstance(targets, (tuple, list))
+        and isinstance(replace, (tuple, list))
+        and len(targets) == len(replace)
+    ):
+        return False
+    leaves = jtu.tree_leaves(tree, is_leaf=lambda x: x is targets)
+    return not any(x is targets for x in leaves)
+
+
 def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if replace is not _sentinel:
@@ -93,9 +106,10 @@ def tree_at(
     to what it is.
     """
     kwargs = _replacements(replace, replace_fn)
-    return decide_again(
-        original_tree_at(where, expose(pytree), is_leaf=is_leaf, **kwargs)
-    )
+    originals: Originals = {}
+    exposed = expose(pytree, originals=originals)
+    out = original_tree_at(where, exposed, is_leaf=is_leaf, **kwargs)
+    return decide_again(out, originals)
 
 
 def _carriers_for(targets: Any, replace: Any) -> Any:
@@ -124,7 +138,6 @@ def routed_tree_at(
     if not _contains_automodule(pytree):
         kwargs = _replacements(replace, replace_fn)
         return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
-    arrays_only = replace is _sentinel or _arrays_only(replace)
 
     def where_in_pytree(tree: Any) -> Any:
         with carriers_as_attributes():
@@ -132,6 +145,12 @@ def routed_tree_at(
 
     copied = jtu.tree_map(lambda x: x, pytree)
     targets = _selected_nodes(where_in_pytree, copied)
+    if replace is _sentinel:
+        arrays_only = True
+    elif _one_per_target(targets, replace, copied):
+        arrays_only = all(map(_arrays_only, replace))
+    else:
+        arrays_only = _arrays_only(replace)
     user_replace_fn = replace_fn
 
     def checked_replace_fn(node: Any) -> Any:
@@ -170,7 +189,9 @@ def inference_mode(pytree: Any, value: bool = True) -> Any:
     Inside an AutoModule the `inference` flags of `eqx.nn.Dropout`/`BatchNorm` are
     static values, out of `eqx.nn.inference_mode`'s sight; this sets them all.
     """
-    return decide_again(original_inference_mode(expose(pytree), value))
+    originals: Originals = {}
+    exposed = expose(pytree, originals=originals)
+    return decide_again(original_inference_mode(exposed, value), originals)
 
 
 def routed_inference_mode(pytree: Any, value: bool = True) -> Any:

@@ -429,3 +429,43 @@ def test_eqx_tree_at_with_another_field_s_list_gives_a_fresh_model_s_treedef():
 
 class Stack(asx.AutoModule):
     blocks: list
+
+
+class _Box(eqx.Module):
+    """What Equinox's checkpointed loops put where an array was (their `_Buffer`)."""
+
+    a: jax.Array
+    tag: object = eqx.field(static=True)
+
+
+class _VectorField(asx.AutoModule):
+    params: dict  # an array and a function: a mixed field
+
+
+class _State(eqx.Module):
+    ys: Any
+    n: jax.Array
+    flag: Any
+
+
+@pytest.mark.parametrize(
+    "where, replace",
+    [
+        (lambda s: [s.ys, s.n], "same-ys"),  # one replacement per target, arrays only
+        (lambda s: s.flag, False),  # a non-array: the expose path
+        (lambda s: (s.n, s.flag), (jnp.array(2), True)),
+    ],
+    ids=["list-of-targets", "non-array", "tuple-with-non-array"],
+)
+def test_eqx_tree_at_keeps_the_structure_of_what_it_does_not_replace(where, replace):
+    # A module mapped into another form (an array's place holding a node, as
+    # diffrax's saved states and optax's masked states have) keeps its partition:
+    # deciding it again from its values would give another treedef.
+    model = _VectorField({"w": jnp.ones(2), "act": jnp.tanh})
+    boxed = jax.tree_util.tree_map(lambda x: _Box(x, "tag"), model)
+    state = _State(boxed, jnp.array(0), None)
+    if replace == "same-ys":
+        replace = [boxed, jnp.array(1)]
+    new = eqx.tree_at(where, state, replace, is_leaf=lambda x: x is None)
+    assert jax.tree_util.tree_structure(new.ys) == jax.tree_util.tree_structure(boxed)
+    assert new.ys.params["act"] is jnp.tanh
