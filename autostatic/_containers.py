@@ -271,6 +271,13 @@ _exact_eq_types: set[type] = {str, type(None), int, bool}
 _inexact_eq_types: set[type] = set()
 
 
+def exact_eq_types() -> set[type]:
+    """The exact types known to be exact under `==` (grown as they are met): a list
+    of only these is recorded as `(list, tuple, tuple(list), False)`, which generated
+    code writes inline. Read it; `record_container` adds to it."""
+    return _exact_eq_types
+
+
 def eq_is_exact(types: "set[type]") -> bool:
     """Whether `==` between items of these exact types and their replacements is
     exact enough to tell a change (see `_exact_eq_types`)."""

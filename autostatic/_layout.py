@@ -39,6 +39,7 @@ from ._carriers import carrier_classes, real_layer, surgeries, with_layers
 from ._compat import set_module_attributes as _set_attributes
 from ._containers import (
     ContainerRecords,
+    exact_eq_types,
     known_leaf_types,
     record_container,
     walk,
@@ -201,7 +202,11 @@ def plain_split(
     # A carrier's flatten checks nothing (see `_carriers`): no values to check.
     carrier = fields_of(layout.cls).carrier
     values = "None" if carrier else "values"
-    containers = "".join(f"record(values[{i}]), " for i in watched)
+    containers = "".join(
+        f"(values[{i}], tuple, tuple(values[{i}]), False)"
+        f" if exact.issuperset(map(type, values[{i}])) else record(values[{i}]), "
+        for i in watched
+    )
     containers = f"({containers})" if watched and not carrier else "None"
     inexact = tuple(
         (i, j)
@@ -232,6 +237,7 @@ def plain_split(
         "layout": layout,
         "carrier": to_carrier,
         "record": record_container,
+        "exact": exact_eq_types(),
         "last_aux": [((_NO_ENTRIES,), None)],
         **{f"entry{i}": f for i, f in entry_of.items()},
         **{f"child{i}": f for i, f in child_of.items()},
@@ -509,7 +515,8 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     ]
     if watched:
         lines.append(
-            f"        flat_{v} = (record({v}, items, set({entry}[1])),)"
+            f"        flat_{v} = (({v}, tuple, items, False)"
+            f" if exact.issuperset({entry}[1]) else record({v}, items),)"
             f" if {entry}[0] is list else ()"
         )
     lines += ["    else:", f"        {v} = {entry}.value()"]
@@ -543,7 +550,8 @@ def _recording_code(v: str, child: bool) -> list[str]:
         return [
             f"    t = type({v})",
             f"    if t is list and leaf_types.issuperset(ts := set(map(type, {v}))):",
-            f"        flat_{v} = (record({v}, None, ts),)",
+            f"        flat_{v} = (({v}, tuple, tuple({v}), False)"
+            f" if exact.issuperset(ts) else record({v}, None, ts),)",
             "    else:",
             f"        flat_{v} = ()",
             "        if t not in leaf_types:",
@@ -556,7 +564,8 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "        if not lazy_classes.isdisjoint(ts):",
         f"            pending += [x for x in {v} if type(x) in lazy_classes]",
         "        if leaf_types.issuperset(ts):",
-        f"            flat_{v} = (record({v}, None, ts),) if t is list else ()",
+        f"            flat_{v} = (({v}, tuple, tuple({v}), False)"
+        f" if exact.issuperset(ts) else record({v}, None, ts),) if t is list else ()",
         "        else:",
         f"            flat_{v} = ()",
         f"            walk({v}, (), None, met)",
@@ -589,6 +598,7 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "walk": walk,
         "watched_containers": watched_containers,
         "record": record_container,
+        "exact": exact_eq_types(),
         "lazy_classes": _lazy_classes,
     }
     if kind == "unflatten":
