@@ -12,7 +12,7 @@ afresh when one has changed. Eager code and `jax.jit` then see the same values.
 import dataclasses
 import operator
 from collections import defaultdict, OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any, Final
 
 import equinox as eqx
@@ -140,6 +140,10 @@ _SNAPSHOTS: Final[dict[type, Snapshot]] = {
     **{kind: row.snapshot for kind, row in CONTAINER_TYPES.items() if row.snapshot},
     **_WATCHED_LEAF_SNAPSHOTS,
 }
+
+
+# How a list is recorded: what generated code that records one inline uses.
+LIST_SNAPSHOT: Final = _SNAPSHOTS[list]
 
 
 def is_watched(kind: type) -> bool:
@@ -273,12 +277,12 @@ _inexact_eq_types: set[type] = set()
 
 def exact_eq_types() -> set[type]:
     """The exact types known to be exact under `==` (grown as they are met): a list
-    of only these is recorded as `(list, tuple, tuple(list), False)`, which generated
-    code writes inline. Read it; `record_container` adds to it."""
+    of only these is recorded as `(list, LIST_SNAPSHOT, LIST_SNAPSHOT(list), False)`,
+    which generated code writes inline. Read it; `record_container` adds to it."""
     return _exact_eq_types
 
 
-def eq_is_exact(types: "set[type]") -> bool:
+def eq_is_exact(types: "Collection[type]") -> bool:
     """Whether `==` between items of these exact types and their replacements is
     exact enough to tell a change (see `_exact_eq_types`)."""
     if _exact_eq_types.issuperset(types):
@@ -300,7 +304,9 @@ def eq_is_exact(types: "set[type]") -> bool:
 
 
 def record_container(
-    c: Any, items: "tuple[Any, ...] | None" = None, types: "set[type] | None" = None
+    c: Any,
+    items: "tuple[Any, ...] | None" = None,
+    types: "Collection[type] | None" = None,
 ) -> ContainerRecord:
     """The record of a watched container `c` (of `items`, its snapshot, and of the
     set of their `types`, where known)."""

@@ -41,6 +41,7 @@ from ._containers import (
     ContainerRecords,
     exact_eq_types,
     known_leaf_types,
+    LIST_SNAPSHOT,
     record_container,
     walk,
     watched_containers,
@@ -202,12 +203,15 @@ def plain_split(
     # A carrier's flatten checks nothing (see `_carriers`): no values to check.
     carrier = fields_of(layout.cls).carrier
     values = "None" if carrier else "values"
-    containers = "".join(
-        f"(values[{i}], tuple, tuple(values[{i}]), False)"
-        f" if exact.issuperset(map(type, values[{i}])) else record(values[{i}]), "
-        for i in watched
-    )
-    containers = f"({containers})" if watched and not carrier else "None"
+    containers = "None"
+    if watched and not carrier:
+        for i in watched:
+            lines.append(f"    items{i} = list_snapshot(values[{i}])")
+            lines.append(f"    types{i} = set(map(type, items{i}))")
+        records = (
+            _record_code(f"values[{i}]", f"items{i}", f"types{i}") for i in watched
+        )
+        containers = "(" + "".join(f"{r}, " for r in records) + ")"
     inexact = tuple(
         (i, j)
         for j, (i, kind) in enumerate(zip(entry_fields, layout.static_types or ()))
@@ -236,8 +240,9 @@ def plain_split(
         "Aux": Aux,
         "layout": layout,
         "carrier": to_carrier,
+        "list_snapshot": LIST_SNAPSHOT,
         "record": record_container,
-        "exact": exact_eq_types(),
+        "exact_types": exact_eq_types(),
         "last_aux": [((_NO_ENTRIES,), None)],
         **{f"entry{i}": f for i, f in entry_of.items()},
         **{f"child{i}": f for i, f in child_of.items()},
@@ -515,14 +520,24 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     ]
     if watched:
         lines.append(
-            f"        flat_{v} = (({v}, tuple, items, False)"
-            f" if exact.issuperset({entry}[1]) else record({v}, items),)"
+            f"        flat_{v} = ({_record_code(v, 'items', f'{entry}[1]')},)"
             f" if {entry}[0] is list else ()"
         )
     lines += ["    else:", f"        {v} = {entry}.value()"]
     if watched:
         lines += ("    " + line for line in _recording_code(v, False))
     return lines
+
+
+def _record_code(v: str, items: str, types: str) -> str:
+    """The expression of the record of the list `v`, given its snapshot `items` and
+    the collection of its item `types` (expressions): written inline as
+    `record_container` would make it where every type is exact under `==`, else
+    made by `record_container`."""
+    return (
+        f"(({v}, list_snapshot, {items}, False) if exact_types.issuperset({types})"
+        f" else record({v}, {items}, {types}))"
+    )
 
 
 def _layer_code(v: str) -> list[str]:
@@ -550,8 +565,7 @@ def _recording_code(v: str, child: bool) -> list[str]:
         return [
             f"    t = type({v})",
             f"    if t is list and leaf_types.issuperset(ts := set(map(type, {v}))):",
-            f"        flat_{v} = (({v}, tuple, tuple({v}), False)"
-            f" if exact.issuperset(ts) else record({v}, None, ts),)",
+            f"        flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)",
             "    else:",
             f"        flat_{v} = ()",
             "        if t not in leaf_types:",
@@ -564,8 +578,8 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "        if not lazy_classes.isdisjoint(ts):",
         f"            pending += [x for x in {v} if type(x) in lazy_classes]",
         "        if leaf_types.issuperset(ts):",
-        f"            flat_{v} = (({v}, tuple, tuple({v}), False)"
-        f" if exact.issuperset(ts) else record({v}, None, ts),) if t is list else ()",
+        f"            flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)"
+        " if t is list else ()",
         "        else:",
         f"            flat_{v} = ()",
         f"            walk({v}, (), None, met)",
@@ -597,8 +611,9 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "leaf_types": known_leaf_types(),
         "walk": walk,
         "watched_containers": watched_containers,
+        "list_snapshot": LIST_SNAPSHOT,
         "record": record_container,
-        "exact": exact_eq_types(),
+        "exact_types": exact_eq_types(),
         "lazy_classes": _lazy_classes,
     }
     if kind == "unflatten":
