@@ -17,6 +17,12 @@ from ._layout import CHILD, layout_for, make_aux, materialise, STATIC, unflatten
 from ._partition import new_decided
 
 
+def holds_modules(tree: Any) -> bool:
+    """Whether `tree` holds an AutoModule or a carrier of an `eqx.nn` layer: a tree
+    that Equinox's functions, routed, see in the exposed form."""
+    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
+
+
 def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     """`fn` on every AutoModule and carrier in `tree` (not inside them)."""
     return jtu.tree_map(
@@ -76,6 +82,14 @@ def expose(
         return exposed
 
     return _map_modules(expose_module, tree)
+
+
+def on_exposed(operation: Callable[[Any], Any], tree: Any) -> Any:
+    """`operation` (an Equinox function) on the exposed form of `tree`, its result's
+    AutoModules decided again where it changed them (`decide_again`)."""
+    originals: Originals = {}
+    exposed = expose(tree, originals=originals)  # alive: `originals` holds its ids
+    return decide_again(operation(exposed), originals)
 
 
 def decide_again(tree: Any, originals: Originals | None = None) -> Any:

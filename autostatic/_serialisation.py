@@ -23,24 +23,19 @@ from ._compat import (
     original_tree_deserialise_leaves,
     original_tree_serialise_leaves,
 )
-from ._exposed import decide_again, expose
-from ._fields import has_partition
-
-
-def _holds_modules(tree: Any) -> bool:
-    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
+from ._exposed import decide_again, expose, holds_modules
 
 
 def _exposed_and_kwargs(tree: Any, filter_spec: Any) -> tuple[Any, dict[str, Any]]:
     """`tree` as Equinox's functions are to see it, and the filter spec to pass on
     (Equinox's default unless one was given)."""
     kwargs = {} if filter_spec is None else {"filter_spec": filter_spec}
-    if not _holds_modules(tree):
+    if not holds_modules(tree):
         return tree, kwargs
     spec = jtu.tree_structure(filter_spec)
     if jtu.treedef_is_leaf(spec):  # one function for every leaf
         return expose(tree, keep_declared_static=True), kwargs
-    if _holds_modules(filter_spec):  # made from the modules: it fits their arrays
+    if holds_modules(filter_spec):  # made from the modules: it fits their arrays
         return tree, kwargs
     # A prefix of functions above the modules: each subtree it covers is exposed.
     try:

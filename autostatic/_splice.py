@@ -28,7 +28,7 @@ import jax.tree_util as jtu
 
 from ._carriers import carrier_classes, real_layer, with_layers
 from ._compat import original_combine, original_filter
-from ._exposed import exposed_module
+from ._exposed import exposed_module, holds_modules
 from ._fields import fields_of, has_partition
 from ._layout import CARRIED, HOLED, materialise, partition_of, STATIC
 from ._partition import is_dynamic_leaf, new_decided
@@ -37,10 +37,6 @@ from ._partition import is_dynamic_leaf, new_decided
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)
 
 Keep = Callable[[Any], bool]
-
-
-def _contains_module(tree: Any) -> bool:
-    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
 
 
 def _filterable_static_leaves(module: Any) -> list[Any]:
@@ -107,7 +103,7 @@ def filter(
     if (
         not _is_function(filter_spec)
         or (filter_spec in _ARRAY_FILTERS and not inverse)
-        or not _contains_module(pytree)
+        or not holds_modules(pytree)
     ):
         return original_filter(pytree, filter_spec, inverse, replace, is_leaf)
 
@@ -205,7 +201,7 @@ def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
         return original_combine(*pytrees, is_leaf=is_leaf)
     # JAX's message for mismatched trees can itself fail (an AttributeError).
     except (ValueError, TypeError, AttributeError):
-        if not any(map(_contains_module, pytrees)):
+        if not any(map(holds_modules, pytrees)):
             raise
 
     def stop(x: Any) -> bool:

@@ -20,16 +20,11 @@ import jax.tree_util as jtu
 
 from ._carriers import carriers_as_attributes, is_carrier, real_layer
 from ._compat import original_inference_mode, original_tree_at
-from ._exposed import decide_again, expose, Originals
+from ._exposed import holds_modules, on_exposed
 from ._fields import has_partition
 from ._partition import is_dynamic_leaf, with_carriers
 
 _sentinel: Any = object()
-
-
-def _contains_automodule(tree: Any) -> bool:
-    """Whether `tree` holds an AutoModule (or a carrier of an `eqx.nn` layer)."""
-    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
 
 
 def _decided_or_container(x: Any) -> bool:
@@ -106,10 +101,10 @@ def tree_at(
     to what it is.
     """
     kwargs = _replacements(replace, replace_fn)
-    originals: Originals = {}
-    exposed = expose(pytree, originals=originals)
-    out = original_tree_at(where, exposed, is_leaf=is_leaf, **kwargs)
-    return decide_again(out, originals)
+    return on_exposed(
+        lambda exposed: original_tree_at(where, exposed, is_leaf=is_leaf, **kwargs),
+        pytree,
+    )
 
 
 def _carriers_for(targets: Any, replace: Any) -> Any:
@@ -135,7 +130,7 @@ def routed_tree_at(
     Then Equinox's own still, on a copy of the tree whose attributes give the carriers
     of its layers (so a layer `where` points at is a node of the pytree), unless a
     target is static or a replacement is not arrays only; then `tree_at`."""
-    if not _contains_automodule(pytree):
+    if not holds_modules(pytree):
         kwargs = _replacements(replace, replace_fn)
         return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
 
@@ -189,13 +184,11 @@ def inference_mode(pytree: Any, value: bool = True) -> Any:
     Inside an AutoModule the `inference` flags of `eqx.nn.Dropout`/`BatchNorm` are
     static values, out of `eqx.nn.inference_mode`'s sight; this sets them all.
     """
-    originals: Originals = {}
-    exposed = expose(pytree, originals=originals)
-    return decide_again(original_inference_mode(exposed, value), originals)
+    return on_exposed(lambda exposed: original_inference_mode(exposed, value), pytree)
 
 
 def routed_inference_mode(pytree: Any, value: bool = True) -> Any:
-    if _contains_automodule(pytree):
+    if holds_modules(pytree):
         return inference_mode(pytree, value)
     return original_inference_mode(pytree, value)
 
