@@ -59,9 +59,11 @@ def _holds_arrays(targets: Any) -> bool:
 
 
 def _is_model(tree: Any) -> bool:
-    """Whether every leaf of `tree` is an array: a model, not a tree mapped from one
-    (a filter spec, whose leaves are bools)."""
-    return all(map(is_dynamic_leaf, jtu.tree_leaves(tree)))
+    """Whether `tree` has leaves and every one is an array: a model, not a tree
+    mapped from one (a filter spec, whose leaves are bools, or an `in_axes` tree
+    mapped to `None`, which has none)."""
+    leaves = jtu.tree_leaves(tree)
+    return bool(leaves) and all(map(is_dynamic_leaf, leaves))
 
 
 def _one_per_target(targets: Any, replace: Any, tree: Any) -> bool:

@@ -416,6 +416,53 @@ def test_eqx_tree_at_on_a_filter_spec_keeps_its_structure():
     assert results[0] == results[1] == [(2, 2), (2,)]
 
 
+class _Inner(asx.AutoModule):
+    linear: eqx.nn.Linear
+
+
+class _EqxInner(eqx.Module):
+    linear: eqx.nn.Linear
+
+
+class _Outer(asx.AutoModule):
+    inner: Any
+    params: dict
+    layers: list
+
+
+class _EqxOuter(eqx.Module):
+    inner: Any
+    params: dict
+    layers: list
+
+
+@pytest.mark.parametrize(
+    "where",
+    [lambda t: t.inner, lambda t: t.params["a"], lambda t: t.layers],
+    ids=["module", "dict entry", "list field"],
+)
+def test_eqx_tree_at_on_a_none_mapped_tree_puts_the_axis_in_as_a_leaf(where):
+    """Equinox's recipe for `in_axes` (or shardings) of some parameters: a tree of
+    `None` mapped from the model, with `eqx.tree_at` putting an axis at a target. That
+    tree has no leaves, so it is no model: the axis goes in as a leaf, as in
+    Equinox, and `jax.vmap` takes the tree."""
+    results = []
+    for inner, outer in ((_Inner, _Outer), (_EqxInner, _EqxOuter)):
+        model = eqx.filter_vmap(
+            lambda k, inner=inner, outer=outer: outer(
+                inner(eqx.nn.Linear(2, 2, key=k)), {"a": jnp.ones(2)}, [jnp.ones(2)]
+            )
+        )(jax.random.split(KEY, 3))
+        axes = jax.tree_util.tree_map(lambda _: None, model)
+        axes = eqx.tree_at(where, axes, 0, is_leaf=lambda x: x is None)
+        assert jax.tree_util.tree_leaves(axes) == [0]
+        picked = jax.vmap(lambda m: jax.tree_util.tree_leaves(where(m)), (axes,))(
+            eqx.tree_at(where, model, replace_fn=lambda x: x)
+        )
+        results.append([x.shape for x in picked])
+    assert results[0] == results[1]
+
+
 def test_eqx_tree_at_with_another_field_s_list_gives_a_fresh_model_s_treedef():
     a = Layers([jnp.ones(2), jax.nn.relu])
     b = Stack([jnp.zeros(2), jax.nn.relu])
