@@ -8,13 +8,17 @@ Records are interned (`interned`), so that models built alike hold the same obje
 which JAX compares by identity in C.
 """
 
+import dataclasses
+import functools
+import operator
 import struct
 import threading
 import types
 from collections.abc import Iterable
 from typing import Any, Final
 
-from jax.extend.core import Jaxpr
+from jax.extend.core import ClosedJaxpr, Jaxpr
+from jax.extend.linear_util import WrappedFun
 
 _interned: dict[Any, Any] = {}
 
@@ -190,33 +194,106 @@ _NOT_PLAIN_TYPES: Final = frozenset({float, complex, Compared})
 class SameProgram:
     """A static `jax.core.Jaxpr` (a closure-converted function's program, as
     `eqx.filter_closure_convert` holds it): equal to another that is the same program,
-    printed alike. A jaxpr has no `==` of its own, so each trace of the same function
-    would otherwise give a new static value and a new treedef (optimistix and lineax
-    compare such trees across traces, in `custom_jvp` and `lax.cond`)."""
+    printed alike and calling the same functions of its own. A jaxpr has no `==` of
+    its own, so each trace of the same function would otherwise give a new static
+    value and a new treedef (optimistix and lineax compare such trees across traces,
+    in `custom_jvp` and `lax.cond`). The printed program names a custom derivative
+    rule or a callback without telling two apart, so those are compared by identity
+    (`program_functions`)."""
 
-    __slots__ = ("value", "_text")
+    __slots__ = ("value", "_text", "_functions")
 
     def __init__(self, value: Any):
         self.value = value
         self._text: str | None = None
+        self._functions: tuple[Any, ...] | None = None
 
     def text(self) -> str:
         if self._text is None:
             self._text = str(self.value)
         return self._text
 
+    def functions(self) -> tuple[Any, ...]:
+        if self._functions is None:
+            self._functions = program_functions(self.value)
+        return self._functions
+
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if type(other) is not SameProgram:
             return False
-        return self.value is other.value or self.text() == other.text()
+        if self.value is other.value:
+            return True
+        if self.text() != other.text():
+            return False
+        mine, theirs = self.functions(), other.functions()
+        return len(mine) == len(theirs) and all(map(operator.is_, mine, theirs))
 
     def __hash__(self) -> int:
         return 0
 
     def __repr__(self) -> str:
         return f"SameProgram({self.value!r})"
+
+
+# Where JAX and Equinox keep the functions a program's equations refer to for their
+# own workings (a thunk or closure made for one trace): looked into, not compared.
+_LIBRARIES: Final = ("jax", "jaxlib", "equinox")
+# How many objects `program_functions` looks at, at most: the closures it looks
+# into can reach far.
+_MOST_LOOKED_AT: Final = 10_000
+
+
+def program_functions(jaxpr: Any) -> tuple[Any, ...]:
+    """The functions outside JAX and Equinox that the equations of `jaxpr` (and of
+    the jaxprs in their parameters) refer to, in the order met: custom derivative
+    rules, callback functions. Found through the parameters' containers, partials,
+    `lu.WrappedFun`s, dataclasses, and the closures of JAX's own functions."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack: list[Any] = [jaxpr]
+    while stack and len(seen) < _MOST_LOOKED_AT:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        stack.extend(reversed(_parts(x, found)))
+    return tuple(found)
+
+
+def _parts(x: Any, found: list[Any]) -> list[Any]:
+    """What `program_functions` looks at inside `x`; a function of the user's is
+    put into `found` instead."""
+    if isinstance(x, Jaxpr):
+        return [v for eqn in x.eqns for v in eqn.params.values()]
+    if isinstance(x, ClosedJaxpr):
+        return [x.jaxpr]
+    if isinstance(x, (tuple, list)):
+        return list(x)
+    if isinstance(x, dict):
+        return list(x.values())
+    if isinstance(x, WrappedFun):
+        return [x.f, *(args for _, args in x.transforms)]
+    if isinstance(x, functools.partial):
+        return [x.func, *x.args, *x.keywords.values()]
+    if isinstance(x, types.MethodType):
+        return [x.__func__]
+    if isinstance(x, types.FunctionType):
+        if (x.__module__ or "").split(".")[0] not in _LIBRARIES:
+            found.append(x)
+            return []
+        return [_contents(c) for c in x.__closure__ or ()]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return [getattr(x, f.name, None) for f in dataclasses.fields(x)]
+    return []
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet assigned
+        return None
 
 
 def _exact_form(leaf: Any) -> Any:

@@ -160,6 +160,74 @@ def test_closure_converted_functions_of_one_program_give_one_treedef(base):
         )
 
 
+def _with_jvp_rule(slope):
+    @jax.custom_jvp
+    def f(x):
+        return jnp.sin(x)
+
+    @f.defjvp
+    def f_jvp(primals, tangents):
+        return f(primals[0]), tangents[0] * slope
+
+    return f
+
+
+def _with_vjp_rule(slope):
+    @jax.custom_vjp
+    def f(x):
+        return jnp.sin(x)
+
+    f.defvjp(lambda x: (f(x), None), lambda _, g: (g * slope,))
+    return f
+
+
+def _with_callback(scale):
+    def host(x):
+        return np.asarray(x) * scale
+
+    return lambda x: jax.pure_callback(
+        host, jax.ShapeDtypeStruct(x.shape, x.dtype), x
+    ).sum()
+
+
+@pytest.mark.parametrize(
+    "make, run",
+    [
+        (_with_jvp_rule, lambda h: jax.grad(lambda w: h.fn(w).sum())(h.w)),
+        (_with_vjp_rule, lambda h: jax.grad(lambda w: h.fn(w).sum())(h.w)),
+        (_with_callback, lambda h: h.fn(h.w)),
+    ],
+    ids=["custom_jvp rule", "custom_vjp rule", "callback"],
+)
+def test_programs_printed_alike_that_call_other_functions_differ(make, run):
+    # Two programs that differ only in a function they call by reference print
+    # alike; they are no one program: each gives its own results under jax.jit, as
+    # under eqx.filter_jit with the eqx.Module (whose jaxpr is a leaf, by identity).
+    class Holder(asx.AutoModule):
+        fn: Any
+        w: jax.Array
+
+    class EqxHolder(eqx.Module):
+        fn: Any
+        w: jax.Array
+
+    def held(cls, scale):
+        return cls(eqx.filter_closure_convert(make(scale), jnp.ones(2)), jnp.ones(2))
+
+    ours = [jax.jit(run)(held(Holder, s)) for s in (1.0, 7.0)]
+    theirs = [eqx.filter_jit(run)(held(EqxHolder, s)) for s in (1.0, 7.0)]
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b)
+    assert not np.allclose(ours[0], ours[1])
+    one = make(1.0)
+    again = [
+        Holder(eqx.filter_closure_convert(one, jnp.ones(2)), jnp.ones(2))
+        for _ in range(2)
+    ]
+    assert again[0].fn.jaxpr is not again[1].fn.jaxpr
+    assert jax.tree.structure(again[0]) == jax.tree.structure(again[1])
+
+
 @pytest.mark.parametrize(
     "value",
     [
