@@ -7,35 +7,37 @@ of `eqx.nn.Linear` layers is mostly Linear nodes, so it would flatten as slowly 
 `eqx.Module`.
 
 So where an AutoModule's pytree child holds an `eqx.nn` layer, it holds the layer's
-*carrier* instead (`_partition`): an instance of a subclass created here once per layer
-class (`isinstance(carrier, eqx.nn.Linear)` holds, for `is_leaf` callbacks; name, repr
-and methods are the layer's) whose node is an AutoModule's: the partition decided from
-the values in a slot (fields marked `eqx.field(static=True)` stay static), an
-unflatten that fills the attributes in. Its key paths and array leaves are those of
-the layer. The attribute keeps the layer itself: a carrier shares its `__dict__` with
-the layer it stands for, the one it was made from or, when unflattened, one made with
-it (`real_layer`, `with_layers`): `type(model.linear) is eqx.nn.Linear`.
+*carrier* instead (`_partition`): an instance of a class made here once per layer
+class, of two slots (its `(children, aux)`, decided from the layer's values as an
+AutoModule's partition is, and the layer) and no attribute dict. Its flatten is the
+slot read, in C; its unflatten makes the carrier and a layer filled in at once. Its
+key paths and array leaves are those of the layer. The attribute keeps the layer
+itself (`real_layer`, `with_layers`): `type(model.linear) is eqx.nn.Linear`.
 
-A carrier's flatten returns its stored partition without looking at the attributes:
-an `eqx.nn` layer is immutable, as Equinox declares it, and checking for a change
-made around that (`object.__setattr__` on a held layer) would cost every flatten
-about 0.14 us a layer, half again an AutoModule model's flatten.
+A carrier is seen only by `is_leaf` callbacks and `eqx.tree_at`'s `where`, and there
+it stands for its layer: `isinstance(carrier, eqx.nn.Linear)` holds (its `__class__`
+is the layer class), attributes, calls, indexing, `==`, `repr` and pickling are the
+layer's, and calling its class makes a layer. It is no subclass of the layer class:
+an instance of one would carry an attribute dict of its own, one more object and a
+dict swap per layer on every unflatten.
+
+A carrier's flatten returns its stored partition without looking at the layer: an
+`eqx.nn` layer is immutable, as Equinox declares it, and checking for a change made
+around that (`object.__setattr__` on a held layer) would put a Python call back into
+every layer's flatten, which reads the slot in C.
 
 Only classes defined in `equinox.nn` are carried, and not `StateIndex`, which Equinox
 checks by exact type: a user's own `eqx.Module` class may have `__init_subclass__`
-side effects or `type(x) is` checks that a subclass would break.
+side effects or `type(x) is` checks that a carrier would break.
 """
 
 import contextlib
-import inspect
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 import equinox as eqx
 
-from ._bound_method import MethodDescriptor, wraps_as_method
-from ._compat import set_module_attributes as _set_attributes
 from ._containers import add_leaf_type, known_leaf_types, walk
 from ._fields import (
     CARRIER_OF as _CARRIER_OF,
@@ -43,13 +45,11 @@ from ._fields import (
     get_layer,
     is_automodule_class,
     prepare_class,
-    set_layer,
 )
 
 _made: dict[type, type] = {}
 _carriers_lock = threading.Lock()
 _object_getattribute = object.__getattribute__
-_object_new = object.__new__
 _leaf_types = known_leaf_types()
 
 
@@ -82,43 +82,86 @@ def _reduce_carrier(carrier: Any) -> tuple[Any, ...]:
     return (_as_is, (real_layer(carrier),))
 
 
-def carrier_class(cls: type) -> type:
-    """The carrier of layer class `cls`, created on first use."""
+def carrier_class(cls: type, register: Callable[[type], None]) -> type:
+    """The carrier of layer class `cls`, created on first use and given to
+    `register` (which makes it a pytree node) before any other thread sees it."""
     try:
         return _made[cls]
     except KeyError:
         pass
     with _carriers_lock:
         if cls not in _made:
-            _made[cls] = _make_carrier_class(cls)
+            carrier = _make_carrier_class(cls)
+            register(carrier)
+            _made[cls] = carrier
         return _made[cls]
 
 
+# Protocol methods a carrier answers as its layer (Python looks them up on the type,
+# past `__getattr__`), where the layer class defines them.
+_FORWARDED: Final = (
+    "__call__",
+    "__getitem__",
+    "__iter__",
+    "__len__",
+    "__contains__",
+    "__repr__",
+)
+
+
+def _forwarding(name: str) -> Callable[..., Any]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(get_layer(self), name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _carrier_getattr(self: Any, name: str) -> Any:
+    return getattr(get_layer(self), name)
+
+
+def _carrier_eq(self: Any, other: Any) -> Any:
+    return get_layer(self) == _real_if_carrier(other)
+
+
+def _carrier_hash(self: Any) -> int:
+    return hash(get_layer(self))
+
+
+def _carrier_attributes(self: Any) -> dict[str, Any]:
+    return _object_getattribute(get_layer(self), "__dict__")
+
+
 def _make_carrier_class(cls: type) -> type:
+    """A class of two slots (its partition, its layer) and no `__dict__` of its own:
+    an instance reads, calls, compares and prints as its layer, and `isinstance`
+    takes it for one (its `__class__` is the layer class); calling the class makes a
+    layer. No subclass of the layer class: an instance of one would carry an
+    attribute dict of its own, one more allocation and a dict swap per layer on
+    every unflatten."""
     namespace: dict[str, Any] = {
         _CARRIER_OF: cls,
+        "__slots__": ("__weakref__",),
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
-        # Methods are bound by descriptors below, so Equinox's Python-level
-        # `__getattribute__` (which binds them on every access) is not needed.
-        "__getattribute__": object.__getattribute__,
+        "__dataclass_fields__": cls.__dataclass_fields__,  # pyright: ignore[reportAttributeAccessIssue]  # an eqx.Module is a dataclass
+        "__class__": property(lambda self: cls),
+        "__dict__": property(_carrier_attributes),
+        "__new__": lambda carrier_cls, *args, **kwargs: cls(*args, **kwargs),
+        "__getattr__": _carrier_getattr,
+        "__eq__": _carrier_eq,
+        "__hash__": _carrier_hash,
         "__reduce__": _reduce_carrier,
     }
-    fields = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # an eqx.Module is a dataclass
-    for klass in reversed(cls.__mro__):
-        for name, value in vars(klass).items():
-            if (
-                name not in fields
-                and wraps_as_method(name, value)
-                and inspect.getattr_static(cls, name) is value
-            ):
-                namespace[name] = MethodDescriptor(value, name)
-    # Equinox's metaclass makes the dataclass and registers it; `_partition` answers
-    # its call for the flatten functions (claimed by `is_carrier_class`).
-    carrier = type(cls)(cls.__name__, (cls, CarrierBase), namespace)
+    for name in _FORWARDED:
+        if getattr(cls, name, None) is not getattr(object, name, None):
+            namespace[name] = _forwarding(name)
+    carrier = type(cls.__name__, (CarrierBase,), namespace)
     prepare_class(carrier, carrier=True)
-    register_carrier_class(carrier, cls)
+    carrier_classes[carrier] = cls
+    add_leaf_type(carrier)  # walked as an item, never into
     return carrier
 
 
@@ -128,31 +171,9 @@ def _make_carrier_class(cls: type) -> type:
 carrier_classes: dict[type, type] = {}
 
 
-def register_carrier_class(carrier: type, layer_class: type) -> None:
-    carrier_classes[carrier] = layer_class
-    add_leaf_type(carrier)  # walked as an item, never into
-
-
-def real_layer(carrier: Any) -> Any:
-    """The `eqx.nn` layer a carrier stands for: the one it was made from or
-    unflattened with, or (for a carrier made by calling its class) a new one sharing
-    its attributes."""
-    try:
-        return get_layer(carrier)
-    except AttributeError:
-        pass
-    layer = _object_new(carrier_classes[type(carrier)])
-    _set_attributes(layer, _object_getattribute(carrier, "__dict__"))
-    set_layer(carrier, layer)
-    return layer
-
-
-def share_attributes(carrier: Any, layer: Any) -> None:
-    """Makes `layer`'s own `__dict__` the carrier's and records the layer: one dict,
-    so that no attribute is copied and the carrier an `is_leaf` callback meets reads
-    what the layer holds."""
-    _set_attributes(carrier, _object_getattribute(layer, "__dict__"))
-    set_layer(carrier, layer)
+# A carrier always holds its layer: the one it was made from, or one unflattened
+# with it.
+real_layer: Callable[[Any], Any] = get_layer
 
 
 def _real_if_carrier(x: Any) -> Any:
@@ -198,11 +219,10 @@ def with_layers(value: Any) -> Any:
     kind = type(value)
     if kind is list or kind is tuple:
         # A list of layers only, the most common: read in C. `get_layer` refuses
-        # anything but a carrier (TypeError) and a carrier made by calling its class
-        # (AttributeError: it has no layer yet).
+        # anything but a carrier (TypeError).
         try:
             items = list(map(get_layer, value))
-        except (TypeError, AttributeError):
+        except TypeError:
             items = items_with_layers(value)
         return items if kind is list else tuple(items)
     if kind in carrier_classes:  # a layer held alone
@@ -233,7 +253,7 @@ def items_with_layers_at(
     try:
         for i in carried:
             parts[i] = get_layer(items[i])
-    except (TypeError, AttributeError):  # a tree_map put another object there
+    except TypeError:  # a tree_map put another object there
         return items_with_layers(items)
     return parts
 
@@ -244,8 +264,5 @@ def items_with_layers(items: "list[Any] | tuple[Any, ...]") -> list[Any]:
     if surgeries[0] and _keeps_carriers():
         return list(items)
     if _leaf_types.issuperset(map(type, items)):  # no container among them
-        try:
-            return [get_layer(x) if type(x) in carrier_classes else x for x in items]
-        except AttributeError:  # a carrier made by calling its class
-            pass
+        return [get_layer(x) if type(x) in carrier_classes else x for x in items]
     return list(walk(items, (), _real_if_carrier, None))

@@ -35,8 +35,7 @@ from typing import Any, Final, NamedTuple
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._carriers import carrier_classes, real_layer, surgeries, with_layers
-from ._compat import set_module_attributes as _set_attributes
+from ._carriers import carrier_classes, surgeries, with_layers
 from ._containers import (
     ContainerRecords,
     exact_eq_types,
@@ -344,7 +343,9 @@ def _immutable_nodes(treedef: Any) -> bool:
     if data is None:  # a leaf
         return True
     kind, node_aux = data
-    if not issubclass(kind, (tuple, type(None), eqx.Module)):
+    if not (
+        issubclass(kind, (tuple, type(None), eqx.Module)) or kind in carrier_classes
+    ):
         return False
     if type(node_aux) is Aux and not all(map(_immutable_entry, node_aux.entries)):
         return False
@@ -405,11 +406,19 @@ def entry_value(entry: Any) -> Any:
 # it was decided from (None for a node not yet filled in) with the records of the
 # containers they reach, which flatten checks.
 Flat = tuple[tuple[Any, ...], Aux, tuple[Any, ...] | None, ContainerRecords | None]
+# A carrier stores `(children, aux)` alone: its flatten checks nothing, and JAX reads
+# that pair from the slot in C (`flatten_functions`).
+CarrierFlat = tuple[tuple[Any, ...], Aux]
 
 
 def set_partition(obj: Any, flat: Flat) -> None:
     """Stores the `Flat` of a node whose partition has been decided."""
     set_flat(obj, flat)
+
+
+def set_carrier_partition(carrier: Any, flat: Flat) -> None:
+    """Stores the `(children, aux)` of a carrier's decided `Flat`."""
+    set_flat(carrier, flat[:2])
 
 
 def has_stored_partition(obj: Any) -> bool:
@@ -423,8 +432,8 @@ def has_stored_partition(obj: Any) -> bool:
 
 def partition_of(obj: Any) -> tuple[tuple[Any, ...], Aux]:
     """The stored `(children, aux)` of a decided node, as it is."""
-    children, aux, _, _ = get_flat(obj)
-    return children, aux
+    flat = get_flat(obj)  # a `Flat`, or a carrier's `(children, aux)`
+    return flat[0], flat[1]
 
 
 def unflatten(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
@@ -546,10 +555,7 @@ def _layer_code(v: str) -> list[str]:
     `with_layers`."""
     return [
         f"    if type({v}) in carrier_classes and not surgeries[0]:",
-        "        try:",
-        f"            {v} = get_layer({v})",
-        "        except AttributeError:  # a carrier made by calling its class",
-        f"            {v} = real_layer({v})",
+        f"        {v} = get_layer({v})",
         "    else:",
         f"        {v} = with_layers({v})",
     ]
@@ -599,13 +605,11 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "new": _object_new,
         "set_flat": set_flat,
         "set_layer": set_layer,
-        "set_attributes": _set_attributes,
         "get_attribute": _object_getattribute,
         "with_layers": with_layers,
         "carrier_classes": carrier_classes,
         "surgeries": surgeries,
         "get_layer": get_layer,
-        "real_layer": real_layer,
         "natural": entry_value,
         "holder_free": HOLDER_TYPES.isdisjoint,
         "leaf_types": known_leaf_types(),
@@ -625,7 +629,7 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
 
 def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
     """The unflatten of carriers of `layout`: it makes the carrier and the layer it
-    stands for, sharing one attribute dict filled at once (as Equinox's generated
+    stands for, the layer's attribute dict filled at once (as Equinox's generated
     unflatten fills its module's); generated for the layout's fields, so that each is
     a few stores (no loop)."""
     source = ["def unflatten(cls, aux, children):", *_fill_body(layout)]
@@ -634,32 +638,33 @@ def _generated_fill(layout: Layout) -> Callable[[type, Aux, tuple[Any, ...]], An
 
 def _fill_body(layout: Layout) -> list[str]:
     """The source lines of `_generated_fill`'s function body."""
-    lines, names, values, containers = _attribute_code(layout, watched=False)
+    lines, names, _, _ = _attribute_code(layout, watched=False)
     stores = [f"    attrs[{n!r}] = v{i}" for i, n in enumerate(names)]
     return [
         *lines,
         "    obj = new(cls)",
         "    layer = new(layer_class)",
-        f"    set_flat(obj, (children, aux, {values}, {containers}))",
+        "    set_flat(obj, (children, aux))",
         "    set_layer(obj, layer)",
         "    attrs = get_attribute(layer, '__dict__')",
         *stores,
-        "    set_attributes(obj, attrs)",
         "    return obj",
     ]
 
 
-def carrier_unflatten(cls: type) -> Callable[[type, Aux, tuple[Any, ...]], Any]:
+def carrier_unflatten(cls: type) -> Callable[[Aux, tuple[Any, ...]], Any]:
     """The unflatten to register for the carrier class `cls`: `unflatten_filled`,
     until the first layout of `cls` has its fill generated; then that fill, inline,
     for that layout (any other still goes through `unflatten_filled`).
 
-    Equinox registers `functools.partial(unflatten, cls)` when the class is made,
-    before any layout exists, so the function it holds is made here, alone in its
-    namespace, and its code is replaced once (a function's `__code__` is writable):
-    a held layer's unflatten is then one Python call, as Equinox's is, not two."""
-    namespace: dict[str, Any] = {"unflatten_filled": unflatten_filled}
-    source = "def unflatten(cls, aux, children):\n    return unflatten_filled(cls, aux, children)"
+    The class is registered when it is made, before any layout exists, so the
+    function registered is made here, alone in its namespace with `cls`, and its code
+    is replaced once (a function's `__code__` is writable): a held layer's unflatten
+    is then one Python call, as Equinox's is, not two."""
+    namespace: dict[str, Any] = {"unflatten_filled": unflatten_filled, "cls": cls}
+    source = (
+        "def unflatten(aux, children):\n    return unflatten_filled(cls, aux, children)"
+    )
     exec(
         compile(source, f"<autostatic unflatten of {cls.__qualname__}>", "exec"),
         namespace,
@@ -680,7 +685,7 @@ def _specialise(layout: Layout) -> None:
     if function is None:
         return
     source = [
-        "def unflatten(cls, aux, children):",
+        "def unflatten(aux, children):",
         "    if aux[0] is not layout:",
         "        return unflatten_filled(cls, aux, children)",
         *_fill_body(layout),
@@ -772,13 +777,13 @@ _UNFILLED_CHECK: Final = """
 
 
 def _generated_flatten(
-    cls: type, refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]], lazy: bool
+    cls: type, refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]]
 ) -> Callable[[Any], tuple[tuple[Any, ...], Aux]]:
     """Flatten for `cls`: the stored partition, after checking by identity that each
     field still holds the value it was decided from (one generated comparison per
     field, so that even a bypass of `__setattr__` is seen) and that no watched
-    container changed; otherwise `refresh(obj)`. An instance of a `lazy` class not
-    yet filled in is checked for a field written by a bypass."""
+    container changed; otherwise `refresh(obj)`. An instance not yet filled in is
+    checked for a field written by a bypass."""
     names = [f.name for f in dataclasses.fields(cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
     checks = "".join(f"d[{n!r}] is v[{i}] and " for i, n in enumerate(names))
     namespace = {
@@ -788,9 +793,7 @@ def _generated_flatten(
         "materialise": materialise,
         "is_": operator.is_,
     }
-    source = _FLATTEN_SOURCE.format(
-        checks=checks, unfilled=_UNFILLED_CHECK if lazy else ""
-    )
+    source = _FLATTEN_SOURCE.format(checks=checks, unfilled=_UNFILLED_CHECK)
     name = f"<autostatic flatten of {cls.__qualname__}>"
     exec(compile(source, name, "exec"), namespace)
     return namespace["flatten"]
@@ -875,7 +878,7 @@ def flatten_functions(
     shadows a field (`needs_eager`); with `on_new_aux`, it reports each aux that is
     not the last one of its layout.
     """
-    flatten = _generated_flatten(cls, refresh, lazy=not filled)
+    flatten = get_flat if filled else _generated_flatten(cls, refresh)
 
     def flatten_with_keys(obj: Any) -> tuple[tuple[tuple[Any, Any], ...], Aux]:
         children, aux = flatten(obj)
@@ -912,6 +915,8 @@ def _fill(obj: Any, pending: list[Any]) -> None:
     try:
         children, aux, values, _ = get_flat(obj)
     except AttributeError:  # still in __init__, before anything was assigned
+        return
+    except ValueError:  # a carrier's `(children, aux)`: filled in when made
         return
     if values is not None:  # filled in already, or decided from its values
         return

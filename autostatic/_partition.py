@@ -34,11 +34,16 @@ from ._carriers import (
     carrier_class,
     is_carried_class,
     is_carrier_class,
-    share_attributes,
 )
 from ._compat import warn_if_transformed
 from ._containers import is_watched, SCALAR_TYPES, walk, watched_containers
-from ._fields import fields_of, FieldSpec, has_partition, is_partitioned_class
+from ._fields import (
+    fields_of,
+    FieldSpec,
+    has_partition,
+    is_partitioned_class,
+    set_layer,
+)
 from ._layout import (
     Aux,
     CARRIED,
@@ -52,6 +57,7 @@ from ._layout import (
     materialise,
     plain_split,
     PlainSplit,
+    set_carrier_partition,
     set_partition,
     STATIC,
     static_sequence,
@@ -190,7 +196,9 @@ def _carrier_class_of(cls: type) -> type | None:
     try:
         return _carrier_of_type[cls]
     except KeyError:
-        carrier = carrier_class(cls) if is_carried_class(cls) else None
+        carrier = (
+            carrier_class(cls, _register_carrier) if is_carried_class(cls) else None
+        )
         return _carrier_of_type.setdefault(cls, carrier)
 
 
@@ -202,11 +210,11 @@ def _to_carrier(item: Any) -> Any:
     if carrier_cls is None:
         return item
     carrier = _object_new(carrier_cls)
-    share_attributes(carrier, item)
+    set_layer(carrier, item)
     # Most layers: a generated split, no walk (`freeze_partition`, inlined: one call
     # per layer of every model built).
     flat = _plain_split(carrier, True)
-    set_partition(
+    set_carrier_partition(
         carrier, compute_partition(carrier, final=True) if flat is None else flat
     )
     return carrier
@@ -740,14 +748,20 @@ def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:
     return flat[0], flat[1]
 
 
+def _register_carrier(cls: type) -> None:
+    """Makes the new carrier class `cls` a pytree node, whose unflatten makes the
+    carrier with its layer filled in at once."""
+    flatten, flatten_with_keys, unflatten = layout_flatten_functions(
+        cls, _refresh, filled=True
+    )
+    jtu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+
+
 def flatten_functions(
     cls: type,
 ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """The flatten functions of a new AutoModule class, whose unflatten notes the
-    static values it is traced with (`_retrace`), or of a new carrier class, whose
-    unflatten fills the attributes in at once."""
-    if is_carrier_class(cls):
-        return layout_flatten_functions(cls, _refresh, filled=True)
+    static values it is traced with (`_retrace`)."""
     return layout_flatten_functions(
         cls, _refresh, on_new_aux=note_new_aux, noted_types=NOTED_ENTRY_TYPES
     )

@@ -12,7 +12,13 @@
 - unflatten + read every field of the four real models, AutoModule vs the fair twin,
   with warm caches (20 calls a batch, back to back) and cold (2 calls a batch, after
   24 MB of other allocations): the comparison runner's batches are as short as the
-  cold ones and follow other cells.
+  cold ones and follow other cells;
+- the form of a held layer's node: unflatten + read of 256 `eqx.nn.Linear(8, 8)` as
+  Equinox's own nodes, as this library's carriers (a slotted class of their own, no
+  subclass of the layer class), and as two prototypes of that form (its
+  layer's dict filled by stores, as ours is, or by `object.__setattr__`, as
+  Equinox fills a module), warm and cold: what the carrier costs, and what another
+  form of it would save.
 """
 
 import gc
@@ -25,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
+from autostatic._carriers import with_layers as asx_with_layers
 from autostatic._compat import original_tree_at
 from autostatic._layout import Aux
 
@@ -227,8 +234,123 @@ def warm_and_cold(rounds: int = 101) -> None:
         print(f"  {model.name}: {line[0]} | {line[1]}")
 
 
+class _SlottedCarrier:
+    """A prototype carrier that is no subclass of its layer class: two slots (its
+    pytree form, its layer) and no `__dict__`, so unflatten makes it and its layer,
+    filled through the layer's dict, and nothing else."""
+
+    __slots__ = ("flat", "layer")
+
+
+_get_flat = _SlottedCarrier.flat.__get__  # pyright: ignore[reportAttributeAccessIssue]
+_set_flat = _SlottedCarrier.flat.__set__  # pyright: ignore[reportAttributeAccessIssue]
+_set_layer = _SlottedCarrier.layer.__set__  # pyright: ignore[reportAttributeAccessIssue]
+_get_layer = _SlottedCarrier.layer.__get__  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _slotted_unflatten(aux: Any, children: tuple[Any, ...]) -> _SlottedCarrier:
+    carrier = object.__new__(_SlottedCarrier)
+    _set_flat(carrier, (children, aux))
+    layer = object.__new__(eqx.nn.Linear)
+    attrs = object.__getattribute__(layer, "__dict__")
+    attrs["weight"], attrs["bias"] = children
+    attrs["in_features"], attrs["out_features"], attrs["use_bias"] = aux
+    _set_layer(carrier, layer)
+    return carrier
+
+
+jax.tree_util.register_pytree_node(_SlottedCarrier, _get_flat, _slotted_unflatten)
+
+
+class _SetattrCarrier(_SlottedCarrier):
+    """The slotted prototype, its layer filled as Equinox's unflatten fills a
+    module: `object.__setattr__` per field, no dict made."""
+
+    __slots__ = ()
+
+
+def _setattr_unflatten(aux: Any, children: tuple[Any, ...]) -> _SetattrCarrier:
+    carrier = object.__new__(_SetattrCarrier)
+    _set_flat(carrier, (children, aux))
+    layer = object.__new__(eqx.nn.Linear)
+    # Written out, as Equinox's generated unflatten is.
+    object.__setattr__(layer, "weight", children[0])
+    object.__setattr__(layer, "bias", children[1])
+    object.__setattr__(layer, "in_features", aux[0])
+    object.__setattr__(layer, "out_features", aux[1])
+    object.__setattr__(layer, "use_bias", aux[2])
+    _set_layer(carrier, layer)
+    return carrier
+
+
+jax.tree_util.register_pytree_node(_SetattrCarrier, _get_flat, _setattr_unflatten)
+
+
+def _slotted(layer: Any, cls: type = _SlottedCarrier) -> Any:
+    carrier = object.__new__(cls)
+    static = (layer.in_features, layer.out_features, layer.use_bias)
+    _set_flat(carrier, ((layer.weight, layer.bias), static))
+    _set_layer(carrier, layer)
+    return carrier
+
+
+def _read_linears(layers: list[Any]) -> None:
+    for layer in layers:
+        for name in ("weight", "bias", "in_features", "out_features", "use_bias"):
+            getattr(layer, name)
+
+
+def carrier_forms(rounds: int = 101) -> None:
+    """Unflatten + read every field of 256 `eqx.nn.Linear(8, 8)` in a list, held as
+    Equinox's nodes, as carriers, and as the slotted prototype; warm and cold."""
+    keys = jax.random.split(jax.random.key(0), 256)
+    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
+    held = jax.tree_util.tree_structure(_AutoLinears(layers, jax.nn.relu))
+    forms = {
+        "eqx.nn.Linear": (jax.tree_util.tree_structure(layers), list),
+        "carrier": (held.children()[0], asx_with_layers),
+        "slotted": (
+            jax.tree_util.tree_structure([_slotted(x) for x in layers]),
+            lambda xs: list(map(_get_layer, xs)),
+        ),
+        "slotted, filled by setattr": (
+            jax.tree_util.tree_structure(
+                [_slotted(x, _SetattrCarrier) for x in layers]
+            ),
+            lambda xs: list(map(_get_layer, xs)),
+        ),
+    }
+    leaves = jax.tree_util.tree_leaves(layers)
+    cells = [
+        lambda d=treedef, to=to_layers: _read_linears(
+            to(jax.tree_util.tree_unflatten(d, leaves))
+        )
+        for treedef, to_layers in forms.values()
+    ]
+    print(
+        "256 held eqx.nn.Linear, unflatten + read every field / Equinox's: warm | cold"
+    )
+    ratios: dict[str, list[list[float]]] = {name: [[], []] for name in forms}
+    with frozen_heap():
+        for r in range(rounds):
+            for column, (calls, cold) in enumerate(((20, False), (2, True))):
+                order = list(range(len(cells)))[:: 1 if r % 2 else -1]
+                times = {i: _cold_batch(cells[i], calls, cold) for i in order}
+                for i, name in enumerate(forms):
+                    ratios[name][column].append(times[i] / times[0])
+    for name in list(forms)[1:]:
+        stats = [summary(column) for column in ratios[name]]
+        print(
+            f"  {name}: "
+            + " | ".join(
+                f"{s['median']:.3f}x ({s['q1']:.3f}-{s['q3']:.3f})" for s in stats
+            )
+        )
+
+
 if __name__ == "__main__":
     aux_comparison()
     routed_tree_at()
     linear_256()
     warm_and_cold()
+    carrier_forms()

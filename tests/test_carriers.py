@@ -3,6 +3,7 @@ compared with the same model written as an `eqx.Module`. The attributes hold the
 layers themselves; carriers appear only in the pytree (to `is_leaf` callbacks)."""
 
 import copy
+import dataclasses
 import pickle
 
 import equinox as eqx
@@ -85,7 +86,7 @@ def test_attributes_are_the_layers_and_the_pytree_holds_their_carriers():
         assert type(layer) is cls
         standalone = jax.tree_util.tree_structure(eqx.combine(layer))
         assert jax.tree_util.tree_structure(layer) == standalone
-    assert type(model.stack[2].layers[0]) is eqx.nn.Linear  # nested layers too
+    assert type(model.stack[0]) is eqx.nn.Linear  # nested layers too
     assert type(model.attention.query_proj) is eqx.nn.Linear
     # In the pytree (what an is_leaf callback sees), each is a carrier: an instance of
     # its layer class, with the layer's name and repr.
@@ -101,6 +102,19 @@ def test_attributes_are_the_layers_and_the_pytree_holds_their_carriers():
     for carrier, cls in zip(carriers, classes):
         assert isinstance(carrier, cls) and type(carrier) is not cls
     assert repr(carriers[3]).startswith("Linear(")
+    # It reads, calls, indexes and compares as its layer.
+    linear, sequential = carriers[3], carriers[4]
+    x = jnp.ones(linear.in_features)
+    np.testing.assert_array_equal(linear(x), model.stack[0](x))
+    assert linear.weight is model.stack[0].weight
+    assert vars(linear) == vars(model.stack[0])
+    assert [f.name for f in dataclasses.fields(linear)] == [
+        f.name for f in dataclasses.fields(eqx.nn.Linear)
+    ]
+    assert len(sequential) == len(model.stack[2]) and type(sequential[0]) is type(
+        model.stack[2][0]
+    )
+    assert linear == model.stack[0] and linear != carriers[2]
     assert eqx.tree_pformat(model) == eqx.tree_pformat(EqxBlock(KEY)).replace(
         "EqxBlock", "Block"
     )
@@ -351,7 +365,9 @@ def test_carriers_as_attributes_is_the_surgery_thread_s_alone():
 
     def surgery():
         with carriers_as_attributes():
-            seen["surgery"] = type(jax.tree_util.tree_unflatten(treedef, leaves).norm)
+            norm = jax.tree_util.tree_unflatten(treedef, leaves).norm
+            seen["surgery"] = type(norm)
+            seen["surgery is a LayerNorm"] = isinstance(norm, eqx.nn.LayerNorm)
             inside.set()
             done.wait(5)
 
@@ -363,7 +379,7 @@ def test_carriers_as_attributes_is_the_surgery_thread_s_alone():
     thread.join()
     assert seen["reader"] is eqx.nn.LayerNorm
     assert seen["surgery"] is not eqx.nn.LayerNorm
-    assert issubclass(seen["surgery"], eqx.nn.LayerNorm)
+    assert seen["surgery is a LayerNorm"]
     assert type(jax.tree_util.tree_unflatten(treedef, leaves).norm) is eqx.nn.LayerNorm
 
 
