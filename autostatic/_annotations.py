@@ -9,7 +9,6 @@ so Python numbers and `jax.ShapeDtypeStruct`s in it stand for arrays and are lea
 An `int`, `float`, `Any`-annotated or unannotated field keeps them static.
 """
 
-import dataclasses
 import re
 import sys
 import types
@@ -19,6 +18,8 @@ from typing import Any, Final
 
 import jax
 import numpy as np
+
+from ._fields import fields_of
 
 # What a string annotation that cannot be evaluated (a name imported only for type
 # checkers) is read by: array types by their usual names.
@@ -40,7 +41,8 @@ def array_fields(cls: type) -> tuple[bool, ...]:
         return _array_fields[cls]
     except KeyError:
         pass
-    fields = dataclasses.fields(cls)  # pyright: ignore[reportArgumentType]  # a dataclass
+    declared = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
+    fields = [declared[name] for name in fields_of(cls).names]
     found = tuple(_admits_array(_resolve(cls, f.type)) for f in fields)
     _array_fields[cls] = found
     return found

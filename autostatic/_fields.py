@@ -39,6 +39,15 @@ class FieldSpec(NamedTuple):
     # The field values of an instance's `__dict__`, in field order, as one tuple
     # (`KeyError` if one is unset).
     read: Callable[[dict[str, Any]], tuple[Any, ...]]
+    # The class it describes.
+    owner: type
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # As the live class's own: cloudpickle pickles a class defined in a script
+        # or notebook by value, and loading it in the same process sets every
+        # attribute of the live class again. A copy would detach the class from the
+        # layouts its instances and treedefs hold.
+        return (fields_of, (self.owner,))
 
 
 def check_reserved_names(class_name: str, namespace: dict[str, Any]) -> None:
@@ -98,6 +107,7 @@ def prepare_class(cls: type, *, carrier: bool = False) -> None:
         carrier=carrier,
         plain_splits={},
         read=_field_reader(tuple(f.name for f in fields)),
+        owner=cls,
     )
     setattr(cls, _SPEC, spec)
 

@@ -94,7 +94,7 @@ class Layout:
         kinds: tuple[int, ...],
         static_types: tuple[type, ...] | None = None,
     ):
-        names = [f.name for f in dataclasses.fields(cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
+        names = fields_of(cls).names
         self.cls = cls
         self.kinds = kinds
         self.child_names = tuple(n for n, k in zip(names, kinds) if k in CHILD_KINDS)
@@ -455,12 +455,12 @@ def unflatten_eager(cls: type, aux: Aux, children: tuple[Any, ...]) -> Any:
 
 def _attribute_code(
     layout: Layout, watched: bool
-) -> tuple[list[str], list[str], str, str]:
+) -> tuple[list[str], tuple[str, ...], str, str]:
     """Source lines that compute the attribute values of a node of `layout` from
     `children` and `aux` into locals (`v0`, `v1`, ...), their field names, and the
     expressions of the `Flat`'s values and container records (`None` for a node
     whose flatten checks nothing: not `watched`)."""
-    names = [f.name for f in dataclasses.fields(layout.cls)]  # pyright: ignore[reportArgumentType]  # a dataclass by now
+    names = fields_of(layout.cls).names
     lines, recorded = [], []
     for i, (name, kind) in enumerate(zip(names, layout.kinds)):
         if kind == STATIC and _entry_type(layout, name) is StaticSequence:

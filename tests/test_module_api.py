@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+import cloudpickle
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -251,6 +252,25 @@ def test_pickle_of_functions_and_classes_reuses_the_jit_cache():
     f = jax.jit(counter)
     np.testing.assert_allclose(f(model, jnp.ones(2)), f(other, jnp.ones(2)))
     assert counter.count == 1
+
+
+def test_a_class_pickled_by_value_keeps_working_in_its_process():
+    # cloudpickle (Ray, dask, loky) pickles a class defined in a script, a notebook
+    # or a function by value; loading it in the same process sets every attribute of
+    # the live class again, its dataclass fields as copies.
+    class Held(asx.AutoModule):
+        w: jax.Array
+        sizes: list
+
+    model = Held(jnp.ones(2), [1, 2])
+    treedef = jax.tree_util.tree_structure(model)
+    loaded = cloudpickle.loads(cloudpickle.dumps(model))
+    assert type(loaded) is Held and loaded.sizes == [1, 2]
+    assert jax.tree_util.tree_map(lambda x: x + 1, model).sizes == [1, 2]
+    new = Held(jnp.ones(2), [1, 2])
+    assert jax.tree_util.tree_structure(new) == treedef
+    assert jax.jit(lambda m: m.w * m.sizes[1])(new).tolist() == [2.0, 2.0]
+    assert eqx.tree_at(lambda m: m.w, model, jnp.zeros(2)).sizes == [1, 2]
 
 
 def test_immutable_after_init_with_clear_errors():
