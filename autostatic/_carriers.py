@@ -16,8 +16,10 @@ itself (`real_layer`, `with_layers`): `type(model.linear) is eqx.nn.Linear`.
 
 A carrier is seen only by `is_leaf` callbacks and `eqx.tree_at`'s `where`, and there
 it stands for its layer: `isinstance(carrier, eqx.nn.Linear)` holds (its `__class__`
-is the layer class), attributes, calls, indexing, `==`, `repr` and pickling are the
-layer's, and calling its class makes a layer. It is no subclass of the layer class:
+is the layer class), attributes, calls and their signature, indexing, `repr` and
+pickling are the layer's, it is frozen as the layer is, and calling its class makes a
+layer. `==` is `eqx.Module`'s on the carrier: an equal carrier, not its layer (a node
+of another type, as the layer's own `==` says). It is no subclass of the layer class:
 an instance of one would carry an attribute dict of its own, one more object and a
 dict swap per layer on every unflatten.
 
@@ -32,6 +34,9 @@ side effects or `type(x) is` checks that a carrier would break.
 """
 
 import contextlib
+import dataclasses
+import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -109,11 +114,13 @@ _FORWARDED: Final = (
 )
 
 
-def _forwarding(name: str) -> Callable[..., Any]:
+def _forwarding(cls: type, name: str) -> Callable[..., Any]:
+    # Wrapping the layer class's method: its signature and docstring are the
+    # carrier's (`eqx.filter_vmap`'s `in_axes` by argument name reads it).
+    @functools.wraps(getattr(cls, name))
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         return getattr(get_layer(self), name)(*args, **kwargs)
 
-    method.__name__ = name
     return method
 
 
@@ -121,12 +128,38 @@ def _carrier_getattr(self: Any, name: str) -> Any:
     return getattr(get_layer(self), name)
 
 
+def _carrier_setattr(self: Any, name: str, value: Any) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _carrier_delattr(self: Any, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
 def _carrier_eq(self: Any, other: Any) -> Any:
-    return get_layer(self) == _real_if_carrier(other)
+    # As `eqx.Module.__eq__` compares the carrier, so that `==` is symmetric: a
+    # carrier equals an equal carrier, and no layer (another node type), as the
+    # layer's own `==` says of it.
+    return eqx.tree_equal(self, other)
 
 
 def _carrier_hash(self: Any) -> int:
     return hash(get_layer(self))
+
+
+def _carrier_new(carrier_cls: type, *args: Any, **kwargs: Any) -> Any:
+    return carrier_classes[carrier_cls](*args, **kwargs)
+
+
+class _LayerSignature:
+    """The carrier class's `__signature__`: its layer class's, for
+    `inspect.signature(type(carrier))`; none on an instance, whose signature is its
+    `__call__`'s."""
+
+    def __get__(self, instance: Any, owner: type) -> inspect.Signature:
+        if instance is not None:
+            raise AttributeError("__signature__")
+        return inspect.signature(carrier_classes[owner])
 
 
 def _carrier_attributes(self: Any) -> dict[str, Any]:
@@ -135,9 +168,9 @@ def _carrier_attributes(self: Any) -> dict[str, Any]:
 
 def _make_carrier_class(cls: type) -> type:
     """A class of two slots (its partition, its layer) and no `__dict__` of its own:
-    an instance reads, calls, compares and prints as its layer, and `isinstance`
-    takes it for one (its `__class__` is the layer class); calling the class makes a
-    layer. No subclass of the layer class: an instance of one would carry an
+    an instance reads, calls and prints as its layer, with its signature, and
+    `isinstance` takes it for one (its `__class__` is the layer class); calling the
+    class makes a layer. No subclass of the layer class: an instance of one would carry an
     attribute dict of its own, one more allocation and a dict swap per layer on
     every unflatten."""
     namespace: dict[str, Any] = {
@@ -149,15 +182,18 @@ def _make_carrier_class(cls: type) -> type:
         "__dataclass_fields__": cls.__dataclass_fields__,  # pyright: ignore[reportAttributeAccessIssue]  # an eqx.Module is a dataclass
         "__class__": property(lambda self: cls),
         "__dict__": property(_carrier_attributes),
-        "__new__": lambda carrier_cls, *args, **kwargs: cls(*args, **kwargs),
+        "__new__": _carrier_new,
+        "__signature__": _LayerSignature(),
         "__getattr__": _carrier_getattr,
+        "__setattr__": _carrier_setattr,
+        "__delattr__": _carrier_delattr,
         "__eq__": _carrier_eq,
         "__hash__": _carrier_hash,
         "__reduce__": _reduce_carrier,
     }
     for name in _FORWARDED:
         if getattr(cls, name, None) is not getattr(object, name, None):
-            namespace[name] = _forwarding(name)
+            namespace[name] = _forwarding(cls, name)
     carrier = type(cls.__name__, (CarrierBase,), namespace)
     prepare_class(carrier, carrier=True)
     carrier_classes[carrier] = cls

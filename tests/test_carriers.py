@@ -4,6 +4,7 @@ layers themselves; carriers appear only in the pytree (to `is_leaf` callbacks)."
 
 import copy
 import dataclasses
+import inspect
 import pickle
 
 import equinox as eqx
@@ -114,7 +115,17 @@ def test_attributes_are_the_layers_and_the_pytree_holds_their_carriers():
     assert len(sequential) == len(model.stack[2]) and type(sequential[0]) is type(
         model.stack[2][0]
     )
-    assert linear == model.stack[0] and linear != carriers[2]
+    assert inspect.signature(linear) == inspect.signature(model.stack[0])
+    assert inspect.signature(type(linear)) == inspect.signature(eqx.nn.Linear)
+    xs = jnp.ones((3, linear.in_features))
+    assert eqx.filter_vmap(linear, in_axes=dict(x=0))(xs).shape == (3, 8)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="'weight'"):
+        linear.weight = None
+    # `==` is symmetric, as eqx.Module's: an equal carrier, not the layer (another
+    # node type, as the layer's own `==` says).
+    again = _pytree_layers(jax.tree_util.tree_map(lambda x: x, model))[3]
+    assert again is not linear and bool(again == linear) and linear != carriers[2]
+    assert linear != model.stack[0] and model.stack[0] != linear
     assert eqx.tree_pformat(model) == eqx.tree_pformat(EqxBlock(KEY)).replace(
         "EqxBlock", "Block"
     )
