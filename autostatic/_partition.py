@@ -34,6 +34,8 @@ from ._carriers import (
     carrier_class,
     is_carried_class,
     is_carrier_class,
+    real_layer,
+    with_layers,
 )
 from ._compat import warn_if_transformed
 from ._containers import is_watched, SCALAR_TYPES, walk, watched_containers
@@ -196,9 +198,10 @@ def _carrier_class_of(cls: type) -> type | None:
     try:
         return _carrier_of_type[cls]
     except KeyError:
-        carrier = (
-            carrier_class(cls, _register_carrier) if is_carried_class(cls) else None
-        )
+        if is_carried_class(cls):
+            carrier = carrier_class(cls, _register_carrier)
+        else:  # a carrier an `is_leaf` callback handed out stands for its layer
+            carrier = cls if is_carrier_class(cls) else None
         return _carrier_of_type.setdefault(cls, carrier)
 
 
@@ -209,6 +212,9 @@ def _to_carrier(item: Any) -> Any:
         carrier_cls = _carrier_class_of(type(item))
     if carrier_cls is None:
         return item
+    if type(item) is carrier_cls:  # handed out to an `is_leaf` callback
+        item = real_layer(item)
+        _handed_out[0] += 1
     carrier = _object_new(carrier_cls)
     set_layer(carrier, item)
     # Most layers: a generated split, no walk (`freeze_partition`, inlined: one call
@@ -732,9 +738,23 @@ def _unset_value(cls: type, name: str, defaults: dict[str, Any]) -> Any:
     return defaults.get(name, MISSING)
 
 
+# How many carriers handed out to `is_leaf` callbacks have been met in field values
+# (`_to_carrier`): one that comes back in a new module stands for its layer.
+_handed_out = [0]
+
+
 def freeze_partition(obj: Any) -> None:
-    """Decides and stores the partition of a fully constructed AutoModule."""
-    set_partition(obj, compute_partition(obj, final=True))
+    """Decides and stores the partition of a fully constructed AutoModule. Fields that
+    were given carriers (the layers an `is_leaf` callback saw) hold their layers."""
+    handed_out = _handed_out[0]
+    flat = compute_partition(obj, final=True)
+    if _handed_out[0] != handed_out:
+        attrs = _object_getattribute(obj, "__dict__")
+        for name in fields_of(type(obj)).names:
+            if name in attrs:
+                attrs[name] = with_layers(attrs[name])
+        flat = compute_partition(obj, final=True)
+    set_partition(obj, flat)
 
 
 def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import inspect
 import pickle
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -277,6 +278,42 @@ def test_a_carrier_called_as_a_class_builds_a_working_layer():
     for layer in (model.attention.query_proj, model.stack[0]):
         assert type(layer) is eqx.nn.Linear
         np.testing.assert_array_equal(layer.weight, expected)
+
+
+class _Collects(asx.AutoModule):
+    layers: list
+    norms: dict
+    lone: Any
+
+
+class _EqxCollects(eqx.Module):
+    layers: list
+    norms: dict
+    lone: Any
+
+
+def test_a_model_built_from_layers_an_is_leaf_callback_saw_holds_the_layers():
+    # `jax.tree.leaves(model, is_leaf=...)` gives carriers; a model built from them
+    # holds the layers they stand for, with the treedef of one built from the layers,
+    # as an eqx.Module built from what its own is_leaf callback saw.
+    is_layer = lambda x: isinstance(x, (eqx.nn.Linear, eqx.nn.LayerNorm))
+    for cls in (_Collects, _EqxCollects):
+        keys = jax.random.split(KEY, 4)
+        made = [eqx.nn.Linear(2, 2, key=k) for k in keys[:3]]
+        model = cls(made[:2], {"a": eqx.nn.LayerNorm(2)}, made[2])
+        seen = [x for x in jax.tree_util.tree_leaves(model, is_leaf=is_layer)]
+        again = cls(seen[:2], {"a": seen[2]}, seen[3])
+        assert [type(x) for x in (*again.layers, again.norms["a"], again.lone)] == [
+            eqx.nn.Linear,
+            eqx.nn.Linear,
+            eqx.nn.LayerNorm,
+            eqx.nn.Linear,
+        ]
+        assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(
+            model
+        )
+        diff = jax.tree_util.tree_map(lambda a, b: a - b, model, again)
+        assert float(diff.lone.weight.sum()) == 0.0
 
 
 def test_layers_outside_an_automodule_stay_equinox_s():
