@@ -170,9 +170,9 @@ def _make_carrier_class(cls: type) -> type:
     """A class of two slots (its partition, its layer) and no `__dict__` of its own:
     an instance reads, calls and prints as its layer, with its signature, and
     `isinstance` takes it for one (its `__class__` is the layer class); calling the
-    class makes a layer. No subclass of the layer class: an instance of one would carry an
-    attribute dict of its own, one more allocation and a dict swap per layer on
-    every unflatten."""
+    class makes a layer. No subclass of the layer class: an instance of one would
+    carry an attribute dict of its own, one more allocation and a dict swap per layer
+    on every unflatten."""
     namespace: dict[str, Any] = {
         _CARRIER_OF: cls,
         "__slots__": ("__weakref__",),

@@ -36,6 +36,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._carriers import carrier_classes, surgeries, with_layers
+from ._compat import FlattenFunctions
 from ._containers import (
     ContainerRecords,
     exact_eq_types,
@@ -406,9 +407,6 @@ def entry_value(entry: Any) -> Any:
 # it was decided from (None for a node not yet filled in) with the records of the
 # containers they reach, which flatten checks.
 Flat = tuple[tuple[Any, ...], Aux, tuple[Any, ...] | None, ContainerRecords | None]
-# A carrier stores `(children, aux)` alone: its flatten checks nothing, and JAX reads
-# that pair from the slot in C (`flatten_functions`).
-CarrierFlat = tuple[tuple[Any, ...], Aux]
 
 
 def set_partition(obj: Any, flat: Flat) -> None:
@@ -417,7 +415,9 @@ def set_partition(obj: Any, flat: Flat) -> None:
 
 
 def set_carrier_partition(carrier: Any, flat: Flat) -> None:
-    """Stores the `(children, aux)` of a carrier's decided `Flat`."""
+    """Stores the `(children, aux)` of a carrier's decided `Flat`, alone: its flatten
+    checks nothing, and JAX reads that pair from the slot in C
+    (`carrier_flatten_functions`)."""
     set_flat(carrier, flat[:2])
 
 
@@ -699,10 +699,7 @@ def _specialise(layout: Layout) -> None:
 def _generated_materialise(layout: Layout) -> Callable[..., Any]:
     """What `materialise` does for an AutoModule of `layout`: fills its attributes in
     from `(children, aux)` and records them for its flatten to check; returns the
-    AutoModules its children hold that are still to be filled in. Nothing for a
-    carrier, whose attributes are filled in when it is made."""
-    if fields_of(layout.cls).carrier:
-        return _fill_nothing
+    AutoModules its children hold that are still to be filled in."""
     lines, names, values, containers = _attribute_code(layout, watched=True)
     stored = ", ".join(f"{n!r}: v{i}" for i, n in enumerate(names))
     source = [
@@ -719,12 +716,6 @@ def _generated_materialise(layout: Layout) -> Callable[..., Any]:
         f"    set_flat(obj, (children, aux, {values}, {containers}))",
     ]
     return _generated(layout, "materialise", source)
-
-
-def _fill_nothing(
-    obj: Any, attrs: Any, children: Any, aux: Any, pending: list[Any]
-) -> None:
-    pass
 
 
 # Entry types that are their own attribute value (no `SetValue`, `Compared` or
@@ -861,31 +852,41 @@ def _differ(a: Any, b: Any) -> bool:
         return True
 
 
-def flatten_functions(
-    cls: type,
-    refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]],
-    *,
-    filled: bool = False,
-    on_new_aux: NewAux | None = None,
-    noted_types: frozenset[type] = frozenset(),
-) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
-    """Flatten, flatten-with-keys and unflatten for the new class `cls`.
-
-    Flatten reads the slot; an instance whose attributes no longer hold what its
-    partition was decided from, or that has none yet (flattened from inside its own
-    `__init__` or `__check_init__`), gets `refresh(obj)`. Unflatten is lazy, unless
-    `filled` (carriers of Equinox layers, whose attributes are read at once) or a base
-    shadows a field (`needs_eager`); with `on_new_aux`, it reports each aux that is
-    not the last one of its layout.
-    """
-    flatten = get_flat if filled else _generated_flatten(cls, refresh)
+def _with_keys(
+    flatten: Callable[[Any], tuple[tuple[Any, ...], Aux]],
+) -> Callable[[Any], tuple[tuple[tuple[Any, Any], ...], Aux]]:
+    """The flatten-with-keys of a node whose flatten is `flatten`."""
 
     def flatten_with_keys(obj: Any) -> tuple[tuple[tuple[Any, Any], ...], Aux]:
         children, aux = flatten(obj)
         return tuple(zip(aux.layout.child_keys, children)), aux
 
-    if filled:
-        return flatten, flatten_with_keys, carrier_unflatten(cls)
+    return flatten_with_keys
+
+
+def carrier_flatten_functions(cls: type) -> FlattenFunctions:
+    """Flatten, flatten-with-keys and unflatten for the new carrier class `cls`: its
+    flatten is the slot's own getter (the stored `(children, aux)`, checked against
+    nothing), its unflatten makes the carrier and its layer at once."""
+    return get_flat, _with_keys(get_flat), carrier_unflatten(cls)
+
+
+def flatten_functions(
+    cls: type,
+    refresh: Callable[[Any], tuple[tuple[Any, ...], Aux]],
+    *,
+    on_new_aux: NewAux | None = None,
+    noted_types: frozenset[type] = frozenset(),
+) -> FlattenFunctions:
+    """Flatten, flatten-with-keys and unflatten for the new AutoModule class `cls`.
+
+    Flatten reads the slot; an instance whose attributes no longer hold what its
+    partition was decided from, or that has none yet (flattened from inside its own
+    `__init__` or `__check_init__`), gets `refresh(obj)`. Unflatten is lazy, unless a
+    base shadows a field (`needs_eager`); with `on_new_aux`, it reports each aux that
+    is not the last one of its layout.
+    """
+    flatten = _generated_flatten(cls, refresh)
     if needs_eager(cls):
         chosen = unflatten_eager
     else:
@@ -893,7 +894,7 @@ def flatten_functions(
         _lazy_classes.add(cls)
     if on_new_aux is not None:
         chosen = _noting_new_aux(chosen, on_new_aux, noted_types)
-    return flatten, flatten_with_keys, chosen
+    return flatten, _with_keys(flatten), chosen
 
 
 def materialise(obj: Any) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from ._fields import (
 from ._layout import (
     Aux,
     CARRIED,
+    carrier_flatten_functions,
     CHILD,
     Flat,
     flatten_functions as layout_flatten_functions,
@@ -771,9 +772,7 @@ def _refresh(obj: Any) -> tuple[tuple[Any, ...], Aux]:
 def _register_carrier(cls: type) -> None:
     """Makes the new carrier class `cls` a pytree node, whose unflatten makes the
     carrier with its layer filled in at once."""
-    flatten, flatten_with_keys, unflatten = layout_flatten_functions(
-        cls, _refresh, filled=True
-    )
+    flatten, flatten_with_keys, unflatten = carrier_flatten_functions(cls)
     jtu.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
 
 
