@@ -89,6 +89,15 @@ def _is_dynamic(x: Any, array_field: bool) -> bool:
     return _is_array(x) or (array_field and stands_for_array(x))
 
 
+def _is_dynamic_noted(x: Any, array_field: bool) -> bool:
+    """`_is_dynamic`, noting an array's type so that later leaves of that type (the
+    rest of a list of arrays, or the next model's) are decided by type alone."""
+    if _is_array(x):
+        _note_array_type(x)
+        return True
+    return array_field and stands_for_array(x)
+
+
 def _is_array(x: Any) -> bool:
     """`eqx.is_array`, less numpy values of a dtype JAX cannot hold: a text, bytes
     or date scalar (`np.str_("relu")` read from a config) is a static value, as a
@@ -294,7 +303,7 @@ def _split_field(
     else:
         leaves, treedef = jtu.tree_flatten(walked)
         arrays = _plain_array_types
-        flags = [type(x) in arrays or _is_dynamic(x, array_field) for x in leaves]
+        flags = [type(x) in arrays or _is_dynamic_noted(x, array_field) for x in leaves]
         if (has_partition(walked) or treedef.num_nodes != len(leaves) + 1) and any(
             stands_for_array(x) for x, f in zip(leaves, flags) if not f
         ):  # a module, or a nest that may hold one (a flat list or tuple holds none)
@@ -495,8 +504,8 @@ def _plain_split(obj: Any, final: bool) -> Flat | None:
         split = spec.plain_splits[types]
     except KeyError:
         split = _new_plain_split(type(obj), spec, values, types)
-    if type(split) is int:  # not plain while fewer static leaf types were known
-        if split == len(_static_leaf_types):
+    if type(split) is int:  # not plain while fewer leaf types were known
+        if split == _known_types_count():
             return None
         split = _new_plain_split(type(obj), spec, values, types)
     if split is None or (split.carriers and not final):
@@ -527,9 +536,9 @@ def _new_plain_split(
 ) -> PlainSplit | None:
     """The split of these field types, or None if one of them is not plain; cached
     either way, as it follows from the types alone (and, for a type not plain yet,
-    from the static leaf types known: the number of them is cached, and a type met
-    as a static leaf since makes the split be made again). A tuple or list is taken
-    for what the first instance's holds."""
+    from the static leaf and array types known: the number of them is cached, and a
+    type met as either since makes the split be made again). A tuple or list is
+    taken for what the first instance's holds."""
     for value in values:  # an array type not met before is plain from now on
         _note_array_type(value)
     kinds = list(map(_type_kind, types, spec.declared_static, array_fields(cls)))
@@ -547,12 +556,17 @@ def _new_plain_split(
                 kinds[i], child_of[i] = CARRIED, _carried_items
         elif kind in (_SEQUENCE, _LIST) and _scalar_sequence(values[i], False):
             kinds[i], entry_of[i] = STATIC, _scalars_entry  # a shape, sizes
+        elif kind in (_SEQUENCE, _LIST) and _all_arrays(values[i]):
+            if spec.declared_static[i]:  # arrays marked static: the general path says
+                kinds[i] = None
+            else:  # a list of weights, of per-step values
+                kinds[i], child_of[i] = CHILD, _array_items
         elif kind == _LIST and (holed := _holed_list(cls, where))(values[i], True):
             kinds[i], holed_of[i] = HOLED, holed
         elif kind in (_SEQUENCE, _LIST):
             kinds[i] = None  # a list of other values: the general path
     if None in kinds:
-        spec.plain_splits[types] = len(_static_leaf_types)
+        spec.plain_splits[types] = _known_types_count()
         return None
     layout = layout_for(cls, tuple(kinds))  # pyright: ignore[reportArgumentType]  # no None
     entry_types = []
@@ -578,6 +592,12 @@ def _new_plain_split(
         return made
     spec.plain_splits[types] = split
     return split
+
+
+def _known_types_count() -> int:
+    """How many static leaf and array types are known: a split found not plain is
+    made again once this grows (both sets only grow)."""
+    return len(_static_leaf_types) + len(_plain_array_types)
 
 
 def _holed_list(owner: type, where: str) -> Callable[..., Any]:
@@ -607,6 +627,19 @@ def _carried_items(value: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any,
     if not carriers or any(map(operator.is_, carriers, value)):
         raise _NotPlain  # an item that is not a layer: the general path
     return carriers if type(value) is list else tuple(carriers)
+
+
+def _all_arrays(value: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether `value` is a non-empty list or tuple of arrays of types decided by
+    type alone (`_plain_array_types`)."""
+    return bool(value) and _plain_array_types.issuperset(map(type, value))
+
+
+def _array_items(value: list[Any] | tuple[Any, ...]) -> list[Any] | tuple[Any, ...]:
+    """The child of a list or tuple of arrays in a plain split: itself."""
+    if not _all_arrays(value):
+        raise _NotPlain  # an item that is not such an array: the general path
+    return value
 
 
 def _static_leaf_entry(where: str) -> Callable[[Any], Any]:

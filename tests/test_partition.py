@@ -1,6 +1,8 @@
 """Semantics 2-4: the per-leaf partition, frozen at the end of __init__, natural paths."""
 
 import math
+import subprocess
+import sys
 from typing import Any
 
 import equinox as eqx
@@ -627,6 +629,12 @@ class LayerList(asx.AutoModule):
     sizes: list
 
 
+class Arrays(asx.AutoModule):
+    in_list: list
+    in_tuple: tuple
+    sizes: list
+
+
 def _plain_and_general(obj):
     from autostatic import _partition
 
@@ -661,6 +669,7 @@ def _plain_and_general(obj):
             (2, 3),
             "f",
         ),
+        lambda: Arrays([jnp.ones(2), jnp.zeros((3, 1))], (jnp.ones(()),), [1, 2]),
     ],
 )
 def test_the_plain_split_decides_as_the_general_path(make):
@@ -694,6 +703,40 @@ def test_a_tuple_taken_for_layers_holding_scalars_takes_the_general_path():
     assert other.layers == (1, 2)
     leaves = jax.tree_util.tree_leaves(other)
     assert len(leaves) == 1 and len(jax.tree_util.tree_leaves(first)) == 3
+
+
+def test_a_list_taken_for_arrays_holding_other_values_takes_the_general_path():
+    first = Arrays([jnp.ones(2), jnp.zeros(3)], (jnp.ones(()),), [1])
+    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    other = Arrays([jnp.ones(2), "relu", linear], (1, 2), [1])
+    assert other.in_list[1] == "relu" and type(other.in_list[2]) is eqx.nn.Linear
+    assert other.in_tuple == (1, 2)
+    assert len(jax.tree_util.tree_leaves(first)) == 3
+    assert len(jax.tree_util.tree_leaves(other)) == 3  # the string and ints static
+    with pytest.raises(TypeError, match=r"Marked\.xs is marked"):
+        Marked((jnp.ones(2),))
+
+
+class Marked(asx.AutoModule):
+    xs: tuple = eqx.field(static=True)
+
+
+def test_a_list_of_arrays_is_decided_by_types_from_a_fresh_process_s_second_model():
+    # The array type is met inside the first model's list, not as a field of its own:
+    # the split found not plain then is made again once that type is known.
+    code = """
+import jax.numpy as jnp, autostatic as asx
+from autostatic import _partition
+class Weights(asx.AutoModule):
+    ws: list
+xs = [jnp.zeros(()) for _ in range(3)]
+Weights([*xs])
+print(_partition._plain_split(Weights([*xs]), True) is not None)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True"]
 
 
 class Activation(asx.AutoModule):
