@@ -47,6 +47,7 @@ from ._containers import (
     watched_containers,
 )
 from ._fields import fields_of, get_flat, get_layer, needs_eager, set_flat, set_layer
+from ._mixed import Holes, items_value_code
 from ._static_values import (
     HOLDER_TYPES,
     interned,
@@ -467,6 +468,14 @@ def _attribute_code(
             entry = f"aux[{layout.entry_names.index(name) + 1}]"
             lines += _sequence_code(f"v{i}", entry, watched)
             recorded.append(f"*flat_v{i}, " if watched else "")
+            continue
+        if kind == HOLED and _entry_type(layout, name) is Holes:
+            j = layout.entry_names.index(name)
+            child = f"children[{layout.entry_child[j]}]"
+            lines += items_value_code(f"v{i}", f"aux[{j + 1}]", child)
+            if watched:
+                lines += _recording_code(f"v{i}", True)
+                recorded.append(f"*flat_v{i}, ")
             continue
         value, reaches = _value_code(layout, name, kind)
         lines.append(f"    v{i} = {value}")

@@ -98,6 +98,37 @@ class Holes(tuple):
         return with_layers(value) if carried else value
 
 
+def items_value_code(v: str, holes: str, child: str) -> list[str]:
+    """Source lines that make `v` the attribute value of `child` under `holes`, a
+    `Holes` (expressions), for generated fill code: `Holes.value` written inline for
+    a flat list or tuple (a block's `[Linear, relu, Linear]`): its items copied, its
+    carriers' layers and its static leaves put in, without a call. Any other value,
+    or a child a tree_map changed, takes `value`. Names used: `get_layer`,
+    `surgeries`, `holder_free` (`HOLDER_TYPES.isdisjoint`)."""
+    return [
+        f"    h = {holes}",
+        f"    {v} = {child}",
+        f"    t = type({v})",
+        "    if (t is list or t is tuple) and h[3].treedef is t and h[2] is not True"
+        " and not surgeries[0] and holder_free(h[1]):",
+        f"        {v} = list({v})",
+        "        try:",
+        "            for k in h[2] or ():",
+        f"                {v}[k] = get_layer({v}[k])",
+        "        except TypeError:  # a tree_map put another object there",
+        f"            {v} = h.value({child})",
+        "        else:",
+        "            k = 4",
+        "            for i in h[0]:",
+        f"                {v}[i] = h[k]",
+        "                k += 1",
+        "            if t is tuple:",
+        f"                {v} = tuple({v})",
+        "    else:",
+        f"        {v} = h.value({child})",
+    ]
+
+
 def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
     """`tree` with `value` at key path `path` (a copy of each node on the way); the
     tree as it is if the path leads nowhere."""

@@ -188,3 +188,58 @@ def test_a_static_module_holding_a_list_is_made_anew_for_each_read():
     assert a.config[0].sizes == [1, 2] and a.config[0] is not b.config[0]
     a.config[0].sizes.append(3)
     assert b.config[0].sizes == [1, 2]
+
+
+class MixedItems(asx.AutoModule):
+    as_list: list
+    as_tuple: tuple
+    no_layers: list
+
+
+class MixedItemsTwin(eqx.Module):
+    as_list: list
+    as_tuple: tuple
+    no_layers: list
+
+
+def _mixed_items(cls):
+    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    return cls(
+        [linear, jax.nn.relu, eqx.nn.Dropout(0.1)],
+        (jax.nn.gelu, linear, "x"),
+        [jnp.ones(2), jnp.tanh],
+    )
+
+
+def _same_items(value, twin_value):
+    assert type(value) is type(twin_value) and len(value) == len(twin_value)
+    for a, b in zip(value, twin_value):
+        assert type(a) is type(b)
+        assert (
+            a is b
+            if not isinstance(a, (eqx.Module, jax.Array))
+            else eqx.tree_equal(a, b)
+        )
+
+
+def test_a_lazily_filled_mixed_list_or_tuple_holds_what_the_twin_s_does():
+    # Layers and static leaves put back into a fresh copy of the child's items.
+    model, twin = _mixed_items(MixedItems), _mixed_items(MixedItemsTwin)
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    fresh = jax.tree_util.tree_unflatten(treedef, leaves)
+    for name in ("as_list", "as_tuple", "no_layers"):
+        _same_items(getattr(fresh, name), getattr(twin, name))
+    fresh.as_list.append(jnp.zeros(3))  # the fresh list is the one flatten watches
+    assert len(jax.tree_util.tree_leaves(fresh)) == len(leaves) + 1
+    assert len(model.as_list) == 3
+
+    def drop_linear(x):
+        return jnp.zeros(1) if isinstance(x, eqx.nn.Linear) else x
+
+    def is_linear(x):
+        return isinstance(x, eqx.nn.Linear)
+
+    mapped = jax.tree_util.tree_map(drop_linear, model, is_leaf=is_linear)
+    mapped_twin = jax.tree_util.tree_map(drop_linear, twin, is_leaf=is_linear)
+    for name in ("as_list", "as_tuple", "no_layers"):
+        _same_items(getattr(mapped, name), getattr(mapped_twin, name))
