@@ -530,18 +530,32 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     `watched`) its record as `flat_v`. Its leaves are no containers: a sequence of
     leaves that are their own values is made from them at once, and its record as a
     list is those leaves, as the aux holds them."""
-    lines = [
-        f"    if holder_free({entry}[1]):",
-        f"        {v} = items = {entry}[2:]",
-        f"        if {entry}[0] is list:",
+    lines = [f"    e = {entry}"]
+    if watched:  # sizes, names: one check of the item types
+        lines += [
+            "    if plain_items.issuperset(e[1]):",
+            "        items = e[2:]",
+            "        if e[0] is list:",
+            f"            {v} = list(items)",
+            f"            flat_{v} = (({v}, list_snapshot, items, False),)",
+            "        else:",
+            f"            {v}, flat_{v} = items, ()",
+            "    elif holder_free(e[1]):",
+        ]
+    else:
+        lines.append("    if holder_free(e[1]):")
+    lines += [
+        f"        {v} = items = e[2:]",
+        "        if e[0] is list:",
         f"            {v} = list(items)",
     ]
     if watched:
-        lines.append(
-            f"        flat_{v} = ({_record_code(v, 'items', f'{entry}[1]')},)"
-            f" if {entry}[0] is list else ()"
-        )
-    lines += ["    else:", f"        {v} = {entry}.value()"]
+        lines += [
+            f"        flat_{v} = ({_record_code(v, 'items', 'e[1]')},)"
+            " if e[0] is list else ()",
+            "        note_plain_items(e[1])",
+        ]
+    lines += ["    else:", f"        {v} = e.value()"]
     if watched:
         lines += ("    " + line for line in _recording_code(v, False))
     return lines
@@ -590,12 +604,18 @@ def _recording_code(v: str, child: bool) -> list[str]:
         f"    t = type({v})",
         "    if t is list or t is tuple:",
         f"        ts = set(map(type, {v}))",
-        "        if not lazy_classes.isdisjoint(ts):",
-        f"            pending += [x for x in {v} if type(x) in lazy_classes]",
-        "        if leaf_types.issuperset(ts):",
+        "        if plain_items.issuperset(ts):  # layers, functions, numbers",
+        f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
+        " if t is list else ()",
+        "        elif leaf_types.issuperset(ts):",
+        "            if not lazy_classes.isdisjoint(ts):",
+        f"                pending += [x for x in {v} if type(x) in lazy_classes]",
         f"            flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)"
         " if t is list else ()",
+        "            note_plain_items(ts)",
         "        else:",
+        "            if not lazy_classes.isdisjoint(ts):",
+        f"                pending += [x for x in {v} if type(x) in lazy_classes]",
         f"            flat_{v} = ()",
         f"            walk({v}, (), None, met)",
         "    else:",
@@ -628,6 +648,8 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "record": record_container,
         "exact_types": exact_eq_types(),
         "lazy_classes": _lazy_classes,
+        "plain_items": _plain_items,
+        "note_plain_items": _note_plain_items,
     }
     if kind == "unflatten":
         namespace["layer_class"] = carrier_classes[layout.cls]
@@ -939,3 +961,24 @@ def _fill(obj: Any, pending: list[Any]) -> None:
 
 # The AutoModule classes whose unflatten leaves the attributes to be filled in.
 _lazy_classes: set[type] = set()
+
+
+# Exact types whose instances, as items of a list filled in, need nothing but the
+# record that `exact_eq_types` allows inline: no container (`known_leaf_types`), no
+# AutoModule to fill in (a class is lazy from its creation, before any instance), no
+# holder standing for another value. Read by generated code; grows by
+# `_note_plain_items`, as each of those sets does.
+_plain_items: set[type] = set()
+
+
+def _note_plain_items(types: Iterable[type]) -> None:
+    """Adds the types in `types` that are plain items (`_plain_items`)."""
+    leaf, exact = known_leaf_types(), exact_eq_types()
+    for kind in types:
+        if (
+            kind in leaf
+            and kind in exact
+            and kind not in _lazy_classes
+            and kind not in HOLDER_TYPES
+        ):
+            _plain_items.add(kind)

@@ -243,3 +243,31 @@ def test_a_lazily_filled_mixed_list_or_tuple_holds_what_the_twin_s_does():
     mapped_twin = jax.tree_util.tree_map(drop_linear, twin, is_leaf=is_linear)
     for name in ("as_list", "as_tuple", "no_layers"):
         _same_items(getattr(mapped, name), getattr(mapped_twin, name))
+
+
+class Lists(asx.AutoModule):
+    sizes: list
+    layers: list
+    inners: list
+
+
+def test_every_fill_in_records_its_lists_however_their_item_types_were_met():
+    # The first fill-in meets the item types; later ones take them as known. In
+    # every one, a change in place to each list is seen by flatten and jax.jit,
+    # and the AutoModules a list holds are filled in with their parent.
+    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    model = Lists([2, 0.0], [linear, jax.nn.relu], [Inner([jnp.ones(2)], 1)])
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    total = jax.jit(lambda m: sum(x.sum() for i in m.inners for x in i.xs))
+    for _ in range(3):
+        fresh = jax.tree_util.tree_unflatten(treedef, leaves)
+        assert fresh.sizes == [2, 0.0] and type(fresh.sizes[1]) is float
+        assert fresh.layers[1] is jax.nn.relu and type(fresh.layers[0]) is eqx.nn.Linear
+        inner = fresh.inners[0]
+        assert "xs" in vars(inner)  # filled in with its parent
+        fresh.sizes.append(3)
+        assert jax.tree_util.tree_structure(fresh) != treedef
+        fresh.layers.append(jnp.zeros(3))
+        inner.xs.append(jnp.ones(3))
+        assert len(jax.tree_util.tree_leaves(fresh)) == len(leaves) + 2
+        assert float(total(fresh)) == 5.0
