@@ -608,11 +608,12 @@ def _recording_code(v: str, child: bool) -> list[str]:
         f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
         " if t is list else ()",
         "        elif leaf_types.issuperset(ts):",
-        "            if not lazy_classes.isdisjoint(ts):",
-        f"                pending += [x for x in {v} if type(x) in lazy_classes]",
         f"            flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)"
         " if t is list else ()",
-        "            note_plain_items(ts)",
+        "            if lazy_classes.isdisjoint(ts):",
+        "                note_plain_items(ts)",
+        "            else:",
+        f"                pending += [x for x in {v} if type(x) in lazy_classes]",
         "        else:",
         "            if not lazy_classes.isdisjoint(ts):",
         f"                pending += [x for x in {v} if type(x) in lazy_classes]",
