@@ -85,15 +85,11 @@ def is_dynamic_leaf(x: Any) -> bool:
 
 def _is_dynamic(x: Any, array_field: bool) -> bool:
     """Whether a leaf of a field's value is a pytree child: an array, or in a field
-    annotated to hold arrays (`_annotations`) what stands for one there."""
-    return _is_array(x) or (array_field and stands_for_array(x))
-
-
-def _is_dynamic_noted(x: Any, array_field: bool) -> bool:
-    """`_is_dynamic`, noting an array's type so that later leaves of that type (the
-    rest of a list of arrays, or the next model's) are decided by type alone."""
+    annotated to hold arrays (`_annotations`) what stands for one there. An array's
+    type is noted (`_plain_array_types`), so that later leaves of that type (the rest
+    of a list of arrays, or the next model's) are decided by type alone."""
     if _is_array(x):
-        _note_array_type(x)
+        _add_array_type(type(x))
         return True
     return array_field and stands_for_array(x)
 
@@ -153,10 +149,16 @@ _plain_array_types: set[type] = set()
 
 
 def _note_array_type(value: Any) -> None:
-    """Adds the type of `value` to `_plain_array_types` if it is an array type
-    (numpy arrays aside, whose dtype may be `object`)."""
-    if type(value) is not np.ndarray and _is_array(value):
-        _plain_array_types.add(type(value))
+    """Adds the type of `value` to `_plain_array_types` if it is an array type."""
+    if _is_array(value):
+        _add_array_type(type(value))
+
+
+def _add_array_type(kind: type) -> None:
+    """Adds `kind`, the type of an array, to `_plain_array_types`, unless it is a
+    numpy array, whose dtype may be `object`."""
+    if kind is not np.ndarray:
+        _plain_array_types.add(kind)
 
 
 # A tuple taken for a tuple of scalars in a plain split (STATIC in its layout).
@@ -297,13 +299,12 @@ def _split_field(
     if not forced_static and _all_decided(walked):
         return (CARRIED if has_carriers else CHILD), walked
     if _is_dynamic(walked, array_field):
-        _note_array_type(walked)
         leaves, treedef = [walked], None
         flags = [True]
     else:
         leaves, treedef = jtu.tree_flatten(walked)
         arrays = _plain_array_types
-        flags = [type(x) in arrays or _is_dynamic_noted(x, array_field) for x in leaves]
+        flags = [type(x) in arrays or _is_dynamic(x, array_field) for x in leaves]
         if (has_partition(walked) or treedef.num_nodes != len(leaves) + 1) and any(
             stands_for_array(x) for x, f in zip(leaves, flags) if not f
         ):  # a module, or a nest that may hold one (a flat list or tuple holds none)
