@@ -553,7 +553,9 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
         lines += [
             f"        flat_{v} = ({_record_code(v, 'items', 'e[1]')},)"
             " if e[0] is list else ()",
-            "        note_plain_items(e[1])",
+            # Only where every type may be plain: a float never is.
+            "        if exact_types.issuperset(e[1]):",
+            "            note_plain_items(e[1])",
         ]
     lines += ["    else:", f"        {v} = e.value()"]
     if watched:
@@ -607,18 +609,19 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "        if plain_items.issuperset(ts):  # layers, functions, numbers",
         f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
         " if t is list else ()",
-        "        elif leaf_types.issuperset(ts):",
-        f"            flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)"
-        " if t is list else ()",
-        "            if lazy_classes.isdisjoint(ts):",
-        "                note_plain_items(ts)",
-        "            else:",
-        f"                pending += [x for x in {v} if type(x) in lazy_classes]",
         "        else:",
-        "            if not lazy_classes.isdisjoint(ts):",
+        "            holds_lazy = not lazy_classes.isdisjoint(ts)",
+        "            if holds_lazy:",
         f"                pending += [x for x in {v} if type(x) in lazy_classes]",
-        f"            flat_{v} = ()",
-        f"            walk({v}, (), None, met)",
+        "            if leaf_types.issuperset(ts):",
+        f"                flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)"
+        " if t is list else ()",
+        # Only where every type may be plain: a list of arrays never is.
+        "                if not holds_lazy and exact_types.issuperset(ts):",
+        "                    note_plain_items(ts)",
+        "            else:",
+        f"                flat_{v} = ()",
+        f"                walk({v}, (), None, met)",
         "    else:",
         f"        flat_{v} = ()",
         "        if t in lazy_classes:",
