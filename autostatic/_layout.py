@@ -35,7 +35,7 @@ from typing import Any, Final, NamedTuple
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._carriers import carrier_classes, surgeries, with_layers
+from ._carriers import carrier_classes, items_with_layers, surgeries, with_layers
 from ._compat import FlattenFunctions
 from ._containers import (
     ContainerRecords,
@@ -472,12 +472,27 @@ def _attribute_code(
         if kind == HOLED and _entry_type(layout, name) is Holes:
             j = layout.entry_names.index(name)
             child = f"children[{layout.entry_child[j]}]"
-            lines += items_value_code(f"v{i}", f"aux[{j + 1}]", child)
-            if watched:
-                lines += _recording_code(f"v{i}", True)
-                recorded.append(f"*flat_v{i}, ")
+            v = f"v{i}"
+            if not watched:
+                lines += items_value_code(
+                    v, f"aux[{j + 1}]", child, "plain_items", [], []
+                )
+                continue
+            # Made items are plain: the list's record is the tuple they came as.
+            made = [
+                f"    flat_{v} = (({v}, list_snapshot, items, False),)"
+                f" if type({v}) is list else ()"
+            ]
+            lines += items_value_code(
+                v, f"aux[{j + 1}]", child, "plain_items", made, _recording_code(v, True)
+            )
+            recorded.append(f"*flat_{v}, ")
             continue
         value, reaches = _value_code(layout, name, kind)
+        if kind == CARRIED and watched:
+            lines += _carried_code(f"v{i}", value)
+            recorded.append(f"*flat_v{i}, ")
+            continue
         lines.append(f"    v{i} = {value}")
         if kind == CARRIED:
             lines += _layer_code(f"v{i}")
@@ -555,7 +570,7 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
             " if e[0] is list else ()",
             # Only where every type may be plain: a float never is.
             "        if exact_types.issuperset(e[1]):",
-            "            note_plain_items(e[1])",
+            "            note_items(e[1])",
         ]
     lines += ["    else:", f"        {v} = e.value()"]
     if watched:
@@ -586,6 +601,35 @@ def _layer_code(v: str) -> list[str]:
     ]
 
 
+def _carried_code(v: str, child: str) -> list[str]:
+    """Source lines that make `v`, the watched CARRIED child `child`, its attribute
+    value and its record as `flat_v`. A flat list or tuple of carriers only (a stack
+    of layers) maps to its layers in one C call and is recorded as the tuple they
+    came as: layers need nothing more (no container, no AutoModule, exact under
+    `==`). Anything else takes `_layer_code` and `_recording_code`."""
+    return [
+        f"    {v} = {child}",
+        f"    t = type({v})",
+        "    items = None",
+        "    if (t is list or t is tuple) and not surgeries[0]:",
+        "        try:",
+        f"            items = tuple(map(get_layer, {v}))",
+        "        except TypeError:  # not carriers only",
+        f"            {v} = items_with_layers({v})",
+        "            if t is tuple:",
+        f"                {v} = tuple({v})",
+        "    else:",
+        *("    " + line for line in _layer_code(v)),
+        "    if items is None:",
+        *("    " + line for line in _recording_code(v, True)),
+        "    elif t is list:",
+        f"        {v} = list(items)",
+        f"        flat_{v} = (({v}, list_snapshot, items, False),)",
+        "    else:",
+        f"        {v}, flat_{v} = items, ()",
+    ]
+
+
 def _recording_code(v: str, child: bool) -> list[str]:
     """Source lines that record the lists the value `v` reaches: a flat list (of
     layers, arrays, numbers) here as `flat_v`, as `watched_containers` would; anything
@@ -609,6 +653,10 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "        if plain_items.issuperset(ts):  # layers, functions, numbers",
         f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
         " if t is list else ()",
+        "        elif lazy_items.issuperset(ts):  # AutoModules to fill in",
+        f"            pending += {v}",
+        f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
+        " if t is list else ()",
         "        else:",
         "            holds_lazy = not lazy_classes.isdisjoint(ts)",
         "            if holds_lazy:",
@@ -616,9 +664,9 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "            if leaf_types.issuperset(ts):",
         f"                flat_{v} = ({_record_code(v, f'list_snapshot({v})', 'ts')},)"
         " if t is list else ()",
-        # Only where every type may be plain: a list of arrays never is.
-        "                if not holds_lazy and exact_types.issuperset(ts):",
-        "                    note_plain_items(ts)",
+        # Only where every type may be noted: a list of arrays never is.
+        "                if exact_types.issuperset(ts):",
+        "                    note_items(ts)",
         "            else:",
         f"                flat_{v} = ()",
         f"                walk({v}, (), None, met)",
@@ -640,6 +688,7 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "set_layer": set_layer,
         "get_attribute": _object_getattribute,
         "with_layers": with_layers,
+        "items_with_layers": items_with_layers,
         "carrier_classes": carrier_classes,
         "surgeries": surgeries,
         "get_layer": get_layer,
@@ -653,7 +702,8 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "exact_types": exact_eq_types(),
         "lazy_classes": _lazy_classes,
         "plain_items": _plain_items,
-        "note_plain_items": _note_plain_items,
+        "lazy_items": _lazy_items,
+        "note_items": _note_items,
     }
     if kind == "unflatten":
         namespace["layer_class"] = carrier_classes[layout.cls]
@@ -970,19 +1020,20 @@ _lazy_classes: set[type] = set()
 # Exact types whose instances, as items of a list filled in, need nothing but the
 # record that `exact_eq_types` allows inline: no container (`known_leaf_types`), no
 # AutoModule to fill in (a class is lazy from its creation, before any instance), no
-# holder standing for another value. Read by generated code; grows by
-# `_note_plain_items`, as each of those sets does.
+# holder standing for another value. Read by generated code; grows by `_note_items`,
+# as each of those sets does.
 _plain_items: set[type] = set()
 
+# The lazy AutoModule classes that are exact and no container: a list of only their
+# instances needs them filled in and the inline record, nothing else.
+_lazy_items: set[type] = set()
 
-def _note_plain_items(types: Iterable[type]) -> None:
-    """Adds the types in `types` that are plain items (`_plain_items`)."""
+
+def _note_items(types: Iterable[type]) -> None:
+    """Adds the types in `types` that are plain items (`_plain_items`) or lazy items
+    (`_lazy_items`)."""
     leaf, exact = known_leaf_types(), exact_eq_types()
     for kind in types:
-        if (
-            kind in leaf
-            and kind in exact
-            and kind not in _lazy_classes
-            and kind not in HOLDER_TYPES
-        ):
-            _plain_items.add(kind)
+        if kind not in leaf or kind not in exact or kind in HOLDER_TYPES:
+            continue
+        (_lazy_items if kind in _lazy_classes else _plain_items).add(kind)

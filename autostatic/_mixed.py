@@ -8,12 +8,18 @@ list or tuple whose non-array leaves are its own items.
 """
 
 import copy
+from collections.abc import Callable
 from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from ._carriers import carrier_positions, items_with_layers_at, with_layers
-from ._fields import has_partition
+from ._carriers import (
+    carrier_positions,
+    items_with_layers_at,
+    surgeries,
+    with_layers,
+)
+from ._fields import get_layer, has_partition
 from ._static_values import HOLDER_TYPES, interned, natural_leaf, snapshot_leaf
 
 _object_getattribute = object.__getattribute__
@@ -29,12 +35,16 @@ class _Unseen:
     the record and the node's children: the value's treedef outside carriers and
     AutoModules (`list` or `tuple` for a flat one), where its holes are among its
     leaves, and their key paths. One object per value (`_unseen`), so a comparison
-    is an identity check."""
+    is an identity check.
 
-    __slots__ = ("treedef", "at", "paths")
+    It also holds what makes the items of a flat value at once (`items`, see
+    `items_value_code`), so it is one object per carried positions too."""
+
+    __slots__ = ("treedef", "at", "paths", "items")
 
     def __init__(self, treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]):
         self.treedef, self.at, self.paths = treedef, at, paths
+        self.items: ItemsMaker = _first_items
 
     def _key(self) -> tuple[Any, ...]:
         return (self.treedef, self.at)
@@ -47,6 +57,70 @@ class _Unseen:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_Unseen, (self.treedef, self.at, self.paths))
+
+
+# The items of a flat list or tuple as a tuple, made from its child and its `Holes`
+# by code generated for where its holes and carriers are; None where the child is
+# not such a value (a tree_map changed it) or is inside a tree surgery.
+ItemsMaker = Callable[[Any, "Holes"], "tuple[Any, ...] | None"]
+
+
+def _no_items(child: Any, holes: "Holes") -> None:
+    return None
+
+
+def _first_items(child: Any, holes: "Holes") -> "tuple[Any, ...] | None":
+    """`_Unseen.items` until first called: the maker for the record's shape, kept."""
+    unseen = holes[3]
+    unseen.items = items_maker(unseen.treedef, unseen.at, holes[2])
+    return unseen.items(child, holes)
+
+
+# Longer lists take the loop of `items_value_code`: one expression per item.
+_MAX_MADE_ITEMS: Final = 256
+_items_makers: dict[tuple[type, tuple[int, ...], tuple[int, ...]], ItemsMaker] = {}
+
+
+def items_maker(
+    kind: Any, at: tuple[int, ...], carried: "tuple[int, ...] | bool"
+) -> ItemsMaker:
+    """The `ItemsMaker` of a `kind` (a flat list or tuple, else none is made) whose
+    items are holes at `at` and carriers where `carried` says (`Holes`), and nothing
+    else."""
+    if (kind is not list and kind is not tuple) or carried is True:
+        return _no_items
+    key = (kind, at, carried or ())
+    maker = _items_makers.get(key)
+    if maker is None:
+        if len(_items_makers) >= 4096:  # bounded, as `_unseens`
+            _items_makers.clear()
+        maker = _items_makers[key] = _generated_items_maker(*key)
+    return maker
+
+
+def _generated_items_maker(
+    kind: type, at: tuple[int, ...], carried: tuple[int, ...]
+) -> ItemsMaker:
+    n = len(at) + len(carried)
+    if sorted((*at, *carried)) != list(range(n)) or n > _MAX_MADE_ITEMS:
+        return _no_items  # an item is neither (an array, an AutoModule)
+    hole = {i: 4 + j for j, i in enumerate(at)}
+    items = "".join(
+        f"h[{hole[i]}], " if i in hole else f"get_layer(c[{i}]), " for i in range(n)
+    )
+    source = (
+        "def items(c, h):\n"
+        f"    if type(c) is not kind or len(c) != {n} or surgeries[0]:\n"
+        "        return None\n"
+        "    try:\n"
+        f"        return ({items})\n"
+        "    except TypeError:  # a tree_map put another object there\n"
+        "        return None\n"
+    )
+    namespace = {"kind": kind, "get_layer": get_layer, "surgeries": surgeries}
+    name = f"<autostatic items of a {kind.__name__}, holes {at}, carriers {carried}>"
+    exec(compile(source, name, "exec"), namespace)
+    return namespace["items"]
 
 
 class Holes(tuple):
@@ -98,34 +172,50 @@ class Holes(tuple):
         return with_layers(value) if carried else value
 
 
-def items_value_code(v: str, holes: str, child: str) -> list[str]:
+def items_value_code(
+    v: str, holes: str, child: str, plain: str, made: list[str], rebuilt: list[str]
+) -> list[str]:
     """Source lines that make `v` the attribute value of `child` under `holes`, a
-    `Holes` (expressions), for generated fill code: `Holes.value` written inline for
-    a flat list or tuple (a block's `[Linear, relu, Linear]`): its items copied, its
-    carriers' layers and its static leaves put in, without a call. Any other value,
-    or a child a tree_map changed, takes `value`. Names used: `get_layer`,
+    `Holes` (expressions), for generated fill code.
+
+    A flat list or tuple of carriers and static leaves (a block's `[Linear, relu,
+    Linear]`), whose leaf types are all in the set `plain` (needing no natural
+    value), is made by its shape's `ItemsMaker` as the tuple `items`, then `v` from
+    it, then the lines `made` run. Otherwise `Holes.value` runs written inline for a
+    flat list or tuple (its items copied, its carriers' layers and static leaves put
+    in), or called for any other value or a child a tree_map changed, then the lines
+    `rebuilt` (both indented as the function body). Names used: `get_layer`,
     `surgeries`, `holder_free` (`HOLDER_TYPES.isdisjoint`)."""
+    rebuild = [
+        f"{v} = {child}",
+        f"t = type({v})",
+        "if (t is list or t is tuple) and h[3].treedef is t and h[2] is not True"
+        " and not surgeries[0] and holder_free(h[1]):",
+        f"    {v} = list({v})",
+        "    try:",
+        "        for k in h[2] or ():",
+        f"            {v}[k] = get_layer({v}[k])",
+        "    except TypeError:  # a tree_map put another object there",
+        f"        {v} = h.value({child})",
+        "    else:",
+        "        k = 4",
+        "        for i in h[0]:",
+        f"            {v}[i] = h[k]",
+        "            k += 1",
+        "        if t is tuple:",
+        f"            {v} = tuple({v})",
+        "else:",
+        f"    {v} = h.value({child})",
+    ]
     return [
         f"    h = {holes}",
-        f"    {v} = {child}",
-        f"    t = type({v})",
-        "    if (t is list or t is tuple) and h[3].treedef is t and h[2] is not True"
-        " and not surgeries[0] and holder_free(h[1]):",
-        f"        {v} = list({v})",
-        "        try:",
-        "            for k in h[2] or ():",
-        f"                {v}[k] = get_layer({v}[k])",
-        "        except TypeError:  # a tree_map put another object there",
-        f"            {v} = h.value({child})",
-        "        else:",
-        "            k = 4",
-        "            for i in h[0]:",
-        f"                {v}[i] = h[k]",
-        "                k += 1",
-        "            if t is tuple:",
-        f"                {v} = tuple({v})",
+        f"    items = h[3].items({child}, h) if {plain}.issuperset(h[1]) else None",
+        "    if items is None:",
+        *("        " + line for line in rebuild),
+        *("    " + line for line in rebuilt),
         "    else:",
-        f"        {v} = h.value({child})",
+        f"        {v} = list(items) if h[3].treedef is list else items",
+        *("    " + line for line in made),
     ]
 
 
@@ -160,13 +250,16 @@ def _set_at(tree: Any, path: tuple[Any, ...], value: Any) -> Any:
         return tree
 
 
-# One `_Unseen` per whole-value treedef and hole positions, so that the records of
-# blocks built alike hold the same object, compared by identity in C.
-_unseens: "dict[tuple[Any, tuple[int, ...]], _Unseen]" = {}
+# One `_Unseen` per whole-value treedef, hole positions and carried positions, so
+# that the records of blocks built alike hold the same object, compared by identity
+# in C.
+_unseens: "dict[tuple[Any, tuple[int, ...], Any], _Unseen]" = {}
 
 
-def _unseen(treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...]) -> _Unseen:
-    key = (treedef, at)
+def _unseen(
+    treedef: Any, at: tuple[int, ...], paths: tuple[Any, ...], carried: Any
+) -> _Unseen:
+    key = (treedef, at, carried)
     try:
         return _unseens[key]
     except KeyError:
@@ -200,7 +293,7 @@ def punch(
     child = treedef.unflatten([x if f else None for x, f in zip(leaves, flags)])
     static = [snapshot_leaf(x) for x, f in zip(leaves, flags) if not f]
     return child, _holes(
-        interned(positions), static, has_carriers, _unseen(outer, at, paths)
+        interned(positions), static, has_carriers, _unseen(outer, at, paths, False)
     )
 
 
@@ -247,10 +340,10 @@ def punch_items(
     for i in at:
         items[i] = None
     positions = interned(tuple(at))
-    unseen = _unseens.get((kind, positions))
+    unseen = _unseens.get((kind, positions, carried))
     if unseen is None:
         paths = tuple((jtu.SequenceKey(i),) for i in positions)
-        unseen = _unseen(kind, positions, paths)
+        unseen = _unseen(kind, positions, paths, carried)
     holes = _holes(positions, [snapshot_leaf(x) for x in static], carried, unseen)
     return (items if kind is list else tuple(items)), holes
 

@@ -1,6 +1,7 @@
 """The node format (`_layout`): the Aux tuple, static records that carry no field
 names, lazy fill-in."""
 
+import dataclasses
 import pickle
 import sys
 import threading
@@ -223,15 +224,11 @@ def _same_items(value, twin_value):
 
 
 def test_a_lazily_filled_mixed_list_or_tuple_holds_what_the_twin_s_does():
-    # Layers and static leaves put back into a fresh copy of the child's items.
+    # Layers and static leaves put back into a fresh copy of the child's items. The
+    # first fill-in meets the item types; later ones make the items of each shape
+    # by its generated code, or fall back where a tree_map changed the child.
     model, twin = _mixed_items(MixedItems), _mixed_items(MixedItemsTwin)
     leaves, treedef = jax.tree_util.tree_flatten(model)
-    fresh = jax.tree_util.tree_unflatten(treedef, leaves)
-    for name in ("as_list", "as_tuple", "no_layers"):
-        _same_items(getattr(fresh, name), getattr(twin, name))
-    fresh.as_list.append(jnp.zeros(3))  # the fresh list is the one flatten watches
-    assert len(jax.tree_util.tree_leaves(fresh)) == len(leaves) + 1
-    assert len(model.as_list) == 3
 
     def drop_linear(x):
         return jnp.zeros(1) if isinstance(x, eqx.nn.Linear) else x
@@ -239,35 +236,72 @@ def test_a_lazily_filled_mixed_list_or_tuple_holds_what_the_twin_s_does():
     def is_linear(x):
         return isinstance(x, eqx.nn.Linear)
 
-    mapped = jax.tree_util.tree_map(drop_linear, model, is_leaf=is_linear)
     mapped_twin = jax.tree_util.tree_map(drop_linear, twin, is_leaf=is_linear)
-    for name in ("as_list", "as_tuple", "no_layers"):
-        _same_items(getattr(mapped, name), getattr(mapped_twin, name))
+    for _ in range(3):
+        fresh = jax.tree_util.tree_unflatten(treedef, leaves)
+        for name in ("as_list", "as_tuple", "no_layers"):
+            _same_items(getattr(fresh, name), getattr(twin, name))
+        fresh.as_list.append(jnp.zeros(3))  # the fresh list is the one watched
+        assert len(jax.tree_util.tree_leaves(fresh)) == len(leaves) + 1
+        assert len(model.as_list) == 3
+        mapped = jax.tree_util.tree_map(drop_linear, model, is_leaf=is_linear)
+        for name in ("as_list", "as_tuple", "no_layers"):
+            _same_items(getattr(mapped, name), getattr(mapped_twin, name))
 
 
 class Lists(asx.AutoModule):
     sizes: list
     layers: list
     inners: list
+    stack: list
+    stack_tuple: tuple
+
+
+def _lists_model():
+    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+    return Lists(
+        [2, 0.0],
+        [linear, jax.nn.relu],
+        [Inner([jnp.ones(2)], 1), Inner([jnp.ones(1)], 2)],
+        [linear, linear],
+        (linear, linear),
+    )
+
+
+# A change in place to each list a `Lists` holds, one per fresh fill-in.
+_CHANGES_IN_PLACE = {
+    "sizes": lambda m: m.sizes.append(3),
+    "layers": lambda m: m.layers.append(jnp.zeros(3)),
+    "inners": lambda m: m.inners.append(jax.nn.relu),
+    "an inner's xs": lambda m: m.inners[0].xs.append(jnp.ones(3)),
+    "stack": lambda m: m.stack.append(jnp.zeros(4)),
+}
 
 
 def test_every_fill_in_records_its_lists_however_their_item_types_were_met():
-    # The first fill-in meets the item types; later ones take them as known. In
-    # every one, a change in place to each list is seen by flatten and jax.jit,
-    # and the AutoModules a list holds are filled in with their parent.
-    linear = eqx.nn.Linear(2, 2, key=jax.random.key(0))
-    model = Lists([2, 0.0], [linear, jax.nn.relu], [Inner([jnp.ones(2)], 1)])
+    # The first fill-in meets the item types; later ones take them as known (a
+    # mixed list's items made by code for its shape, a stack of layers mapped at
+    # once, AutoModules filled in without a look at each). In every one, the values
+    # are the natural ones, the AutoModules a list holds are filled in with their
+    # parent, and a change in place to each list is seen by flatten and jax.jit as
+    # by a model built afresh from the same values.
+    model = _lists_model()
     leaves, treedef = jax.tree_util.tree_flatten(model)
-    total = jax.jit(lambda m: sum(x.sum() for i in m.inners for x in i.xs))
+    total = jax.jit(lambda m: sum(x.sum() for x in jax.tree_util.tree_leaves(m)))
     for _ in range(3):
-        fresh = jax.tree_util.tree_unflatten(treedef, leaves)
-        assert fresh.sizes == [2, 0.0] and type(fresh.sizes[1]) is float
-        assert fresh.layers[1] is jax.nn.relu and type(fresh.layers[0]) is eqx.nn.Linear
-        inner = fresh.inners[0]
-        assert "xs" in vars(inner)  # filled in with its parent
-        fresh.sizes.append(3)
-        assert jax.tree_util.tree_structure(fresh) != treedef
-        fresh.layers.append(jnp.zeros(3))
-        inner.xs.append(jnp.ones(3))
-        assert len(jax.tree_util.tree_leaves(fresh)) == len(leaves) + 2
-        assert float(total(fresh)) == 5.0
+        for change in _CHANGES_IN_PLACE.values():
+            fresh = jax.tree_util.tree_unflatten(treedef, leaves)
+            assert fresh.sizes == [2, 0.0] and type(fresh.sizes[1]) is float
+            assert fresh.layers[1] is jax.nn.relu
+            assert type(fresh.layers[0]) is eqx.nn.Linear
+            assert type(fresh.stack) is list and type(fresh.stack_tuple) is tuple
+            for stack in (fresh.stack, fresh.stack_tuple):
+                assert [type(x) for x in stack] == [eqx.nn.Linear] * 2
+                assert eqx.tree_equal(list(stack), model.stack)
+            assert all("xs" in vars(i) for i in fresh.inners)  # filled in with it
+            change(fresh)
+            afresh = Lists(*(getattr(fresh, f.name) for f in dataclasses.fields(Lists)))
+            assert jax.tree_util.tree_structure(fresh) == jax.tree_util.tree_structure(
+                afresh
+            )
+            assert float(total(fresh)) == float(total(afresh))
