@@ -603,30 +603,36 @@ def _layer_code(v: str) -> list[str]:
 
 def _carried_code(v: str, child: str) -> list[str]:
     """Source lines that make `v`, the watched CARRIED child `child`, its attribute
-    value and its record as `flat_v`. A flat list or tuple of carriers only (a stack
-    of layers) maps to its layers in one C call and is recorded as the tuple they
-    came as: layers need nothing more (no container, no AutoModule, exact under
-    `==`). Anything else takes `_layer_code` and `_recording_code`."""
+    value and its record as `flat_v`. A layer alone (an attention's projection) is
+    read from its carrier and needs no record: it reaches no container and is no
+    AutoModule. A flat list or tuple of carriers only (a stack of layers) maps to
+    its layers in one C call and is recorded as the tuple they came as: layers need
+    nothing more (exact under `==`). Anything else takes `with_layers` (or
+    `items_with_layers`, its own second step) and `_recording_code`."""
+    recording = ["    " + line for line in _recording_code(v, True)]
     return [
         f"    {v} = {child}",
         f"    t = type({v})",
-        "    items = None",
-        "    if (t is list or t is tuple) and not surgeries[0]:",
+        "    if t in carrier_classes and not surgeries[0]:",
+        f"        {v} = get_layer({v})",
+        f"        flat_{v} = ()",
+        "    elif (t is list or t is tuple) and not surgeries[0]:",
         "        try:",
         f"            items = tuple(map(get_layer, {v}))",
         "        except TypeError:  # not carriers only",
         f"            {v} = items_with_layers({v})",
         "            if t is tuple:",
         f"                {v} = tuple({v})",
+        *("    " + line for line in recording),
+        "        else:",
+        "            if t is list:",
+        f"                {v} = list(items)",
+        f"                flat_{v} = (({v}, list_snapshot, items, False),)",
+        "            else:",
+        f"                {v}, flat_{v} = items, ()",
         "    else:",
-        *("    " + line for line in _layer_code(v)),
-        "    if items is None:",
-        *("    " + line for line in _recording_code(v, True)),
-        "    elif t is list:",
-        f"        {v} = list(items)",
-        f"        flat_{v} = (({v}, list_snapshot, items, False),)",
-        "    else:",
-        f"        {v}, flat_{v} = items, ()",
+        f"        {v} = with_layers({v})",
+        *recording,
     ]
 
 
