@@ -704,3 +704,33 @@ def test_ecosystem_process_fails_without_the_rebase(
     )
     with pytest.raises(RuntimeError, match="exited 3"):
         construction.run_ecosystem_process(True, 0)
+
+
+def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> None:
+    # `python -m benchmarks.micro`, each study with the fewest rounds that report.
+    from benchmarks import micro
+
+    for study in (
+        micro.aux_comparison,
+        micro.routed_tree_at,
+        micro.linear_256,
+        micro.warm_and_cold,
+        micro.carrier_forms,
+    ):
+        study(rounds=2)
+    printed = capsys.readouterr().out
+    for header in (
+        "aux == of two equal",
+        "eqx.tree_at on 256 eqx.nn.Linear in an Module",
+        "eqx.tree_at on 256 eqx.nn.Linear in an AutoModule",
+        "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module",
+        "unflatten + read every field, AutoModule / eqx-static: warm | cold",
+        "256 held eqx.nn.Linear, unflatten + read every field",
+    ):
+        assert header in printed, header
+    # Equinox's own tree_at cannot find a held layer's node (its carrier): the route
+    # is what replaces one.
+    assert "sub-module: Equinox's own fails" in printed
+    assert printed.count("routed / Equinox's") == 3
+    for model in ("linear-256", "transformer", "mixed-stack", "nested"):
+        assert f"  {model}: " in printed
