@@ -197,8 +197,7 @@ def _make_carrier_class(cls: type) -> type:
     carrier = type(cls.__name__, (CarrierBase,), namespace)
     prepare_class(carrier, carrier=True)
     carrier_classes[carrier] = cls
-    add_leaf_type(carrier)  # both walked as items, never into
-    add_leaf_type(cls)
+    add_leaf_type(carrier)  # walked as an item, never into
     return carrier
 
 
