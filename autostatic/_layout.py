@@ -35,7 +35,7 @@ from typing import Any, Final, NamedTuple
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._carriers import carrier_classes, items_with_layers, surgeries, with_layers
+from ._carriers import carrier_classes, surgeries, with_layers
 from ._compat import FlattenFunctions
 from ._containers import (
     ContainerRecords,
@@ -480,7 +480,7 @@ def _attribute_code(
                 continue
             # Made items are plain: the list's record is the tuple they came as.
             made = [
-                f"    flat_{v} = (({v}, list_snapshot, items, False),)"
+                f"    flat_{v} = ({_exact_record(v, 'items')},)"
                 f" if type({v}) is list else ()"
             ]
             lines += items_value_code(
@@ -552,7 +552,7 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
             "        items = e[2:]",
             "        if e[0] is list:",
             f"            {v} = list(items)",
-            f"            flat_{v} = (({v}, list_snapshot, items, False),)",
+            f"            flat_{v} = ({_exact_record(v, 'items')},)",
             "        else:",
             f"            {v}, flat_{v} = items, ()",
             "    elif holder_free(e[1]):",
@@ -578,13 +578,19 @@ def _sequence_code(v: str, entry: str, watched: bool) -> list[str]:
     return lines
 
 
+def _exact_record(v: str, items: str) -> str:
+    """The expression of the record of the list `v` whose snapshot is `items`
+    (expressions), every item of an exact type: as `record_container` makes it."""
+    return f"({v}, list_snapshot, {items}, False)"
+
+
 def _record_code(v: str, items: str, types: str) -> str:
     """The expression of the record of the list `v`, given its snapshot `items` and
-    the collection of its item `types` (expressions): written inline as
-    `record_container` would make it where every type is exact under `==`, else
-    made by `record_container`."""
+    the collection of its item `types` (expressions): written inline
+    (`_exact_record`) where every type is exact under `==`, else made by
+    `record_container`."""
     return (
-        f"(({v}, list_snapshot, {items}, False) if exact_types.issuperset({types})"
+        f"({_exact_record(v, items)} if exact_types.issuperset({types})"
         f" else record({v}, {items}, {types}))"
     )
 
@@ -607,32 +613,29 @@ def _carried_code(v: str, child: str) -> list[str]:
     read from its carrier and needs no record: it reaches no container and is no
     AutoModule. A flat list or tuple of carriers only (a stack of layers) maps to
     its layers in one C call and is recorded as the tuple they came as: layers need
-    nothing more (exact under `==`). Anything else takes `with_layers` (or
-    `items_with_layers`, its own second step) and `_recording_code`."""
-    recording = ["    " + line for line in _recording_code(v, True)]
+    nothing more (exact under `==`). Anything else takes `with_layers` and
+    `_recording_code`."""
     return [
         f"    {v} = {child}",
         f"    t = type({v})",
+        "    items = None",
         "    if t in carrier_classes and not surgeries[0]:",
         f"        {v} = get_layer({v})",
         f"        flat_{v} = ()",
-        "    elif (t is list or t is tuple) and not surgeries[0]:",
-        "        try:",
-        f"            items = tuple(map(get_layer, {v}))",
-        "        except TypeError:  # not carriers only",
-        f"            {v} = items_with_layers({v})",
-        "            if t is tuple:",
-        f"                {v} = tuple({v})",
-        *("    " + line for line in recording),
-        "        else:",
-        "            if t is list:",
-        f"                {v} = list(items)",
-        f"                flat_{v} = (({v}, list_snapshot, items, False),)",
-        "            else:",
-        f"                {v}, flat_{v} = items, ()",
         "    else:",
-        f"        {v} = with_layers({v})",
-        *recording,
+        "        if (t is list or t is tuple) and not surgeries[0]:",
+        "            try:",
+        f"                items = tuple(map(get_layer, {v}))",
+        "            except TypeError:  # not carriers only",
+        "                pass",
+        "        if items is None:",
+        f"            {v} = with_layers({v})",
+        *("        " + line for line in _recording_code(v, True)),
+        "        elif t is list:",
+        f"            {v} = list(items)",
+        f"            flat_{v} = ({_exact_record(v, 'items')},)",
+        "        else:",
+        f"            {v}, flat_{v} = items, ()",
     ]
 
 
@@ -657,11 +660,11 @@ def _recording_code(v: str, child: bool) -> list[str]:
         "    if t is list or t is tuple:",
         f"        ts = set(map(type, {v}))",
         "        if plain_items.issuperset(ts):  # layers, functions, numbers",
-        f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
+        f"            flat_{v} = ({_exact_record(v, f'list_snapshot({v})')},)"
         " if t is list else ()",
         "        elif lazy_items.issuperset(ts):  # AutoModules to fill in",
         f"            pending += {v}",
-        f"            flat_{v} = (({v}, list_snapshot, list_snapshot({v}), False),)"
+        f"            flat_{v} = ({_exact_record(v, f'list_snapshot({v})')},)"
         " if t is list else ()",
         "        else:",
         "            holds_lazy = not lazy_classes.isdisjoint(ts)",
@@ -694,7 +697,6 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
         "set_layer": set_layer,
         "get_attribute": _object_getattribute,
         "with_layers": with_layers,
-        "items_with_layers": items_with_layers,
         "carrier_classes": carrier_classes,
         "surgeries": surgeries,
         "get_layer": get_layer,

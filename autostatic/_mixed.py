@@ -72,35 +72,23 @@ def _no_items(child: Any, holes: "Holes") -> None:
 def _first_items(child: Any, holes: "Holes") -> "tuple[Any, ...] | None":
     """`_Unseen.items` until first called: the maker for the record's shape, kept."""
     unseen = holes[3]
-    unseen.items = items_maker(unseen.treedef, unseen.at, holes[2])
+    unseen.items = _items_maker(unseen.treedef, unseen.at, holes[2])
     return unseen.items(child, holes)
 
 
 # Longer lists take the loop of `items_value_code`: one expression per item.
 _MAX_MADE_ITEMS: Final = 256
-_items_makers: dict[tuple[type, tuple[int, ...], tuple[int, ...]], ItemsMaker] = {}
 
 
-def items_maker(
+def _items_maker(
     kind: Any, at: tuple[int, ...], carried: "tuple[int, ...] | bool"
 ) -> ItemsMaker:
     """The `ItemsMaker` of a `kind` (a flat list or tuple, else none is made) whose
     items are holes at `at` and carriers where `carried` says (`Holes`), and nothing
-    else."""
+    else. Made once per `_Unseen`, which is one per such shape."""
     if (kind is not list and kind is not tuple) or carried is True:
         return _no_items
-    key = (kind, at, carried or ())
-    maker = _items_makers.get(key)
-    if maker is None:
-        if len(_items_makers) >= 4096:  # bounded, as `_unseens`
-            _items_makers.clear()
-        maker = _items_makers[key] = _generated_items_maker(*key)
-    return maker
-
-
-def _generated_items_maker(
-    kind: type, at: tuple[int, ...], carried: tuple[int, ...]
-) -> ItemsMaker:
+    carried = carried or ()
     n = len(at) + len(carried)
     if sorted((*at, *carried)) != list(range(n)) or n > _MAX_MADE_ITEMS:
         return _no_items  # an item is neither (an array, an AutoModule)
