@@ -37,7 +37,7 @@ from autostatic._layout import Aux
 
 from . import models as M, real_models as R
 from .registry import MODELS
-from .timing import frozen_heap, paired_ratio, run_interleaved, summary
+from .timing import drop_failing, frozen_heap, paired_ratio, run_interleaved, summary
 
 
 class _NestedAux(NamedTuple):
@@ -111,7 +111,7 @@ def routed_tree_at(rounds: int = 15) -> None:
             cells[f"routed, {replaced}"] = lambda w=where, n=new, h=holder: eqx.tree_at(
                 w, h, n
             )
-        failed = _drop_failing(cells)
+        failed = drop_failing(cells)
         samples = run_interleaved(cells, rounds, batch_s=0.02)
         print(
             f"eqx.tree_at on 256 eqx.nn.Linear in an {type(holder).__mro__[1].__name__}"
@@ -131,18 +131,6 @@ def routed_tree_at(rounds: int = 15) -> None:
                 f"  {replaced}: routed / Equinox's {ratio['median']:.3f}x "
                 f"(IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})"
             )
-
-
-def _drop_failing(cells: dict[str, Callable[[], Any]]) -> dict[str, str]:
-    """Calls every cell once; removes those that raise and returns why they failed."""
-    failed = {}
-    for name, fn in list(cells.items()):
-        try:
-            fn()
-        except Exception as err:
-            failed[name] = f"{type(err).__name__}: {err}"
-            del cells[name]
-    return failed
 
 
 class _EqxLinears(eqx.Module):

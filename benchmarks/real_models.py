@@ -51,9 +51,9 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import models as M
-from .schema import describe_error, Failed, Ratio, RealInfo, RealModel, RealModels, Stat
+from .schema import Failed, Ratio, RealInfo, RealModel, RealModels, Stat
 from .settings import Settings
-from .timing import paired_ratio, run_interleaved, scaled_summary
+from .timing import drop_failing, paired_ratio, run_interleaved, scaled_summary
 
 IMPLS: tuple[str, ...] = ("autostatic", "eqx-static", "eqx-filter")
 DICT = "dict"
@@ -360,18 +360,6 @@ def _make_cells(
     return cells, info
 
 
-def _drop_failing(cells: Cells) -> dict[tuple[str, str], str]:
-    """Calls every cell once; removes those that raise and returns why they failed."""
-    fails: dict[tuple[str, str], str] = {}
-    for key, fn in list(cells.items()):
-        try:
-            fn()
-        except Exception as err:
-            fails[key] = describe_error(err)
-            del cells[key]
-    return fails
-
-
 def _share_dispatch_cells(
     samples: dict[str, list[float]], fails: dict[tuple[str, str], str]
 ) -> None:
@@ -417,7 +405,7 @@ def measure(
     """Every op of one model in every implementation, interleaved in one run."""
     impls = IMPLS + ((DICT,) if model.dict_floor else ()) + model.treedef_variants
     cells, info = _make_cells(model, impls, seed)
-    fails = _drop_failing(cells)
+    fails = drop_failing(cells)
     samples = run_interleaved(
         {f"{op}|{impl}": fn for (op, impl), fn in cells.items()},
         settings.rounds,

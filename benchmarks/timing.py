@@ -22,11 +22,11 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
-from .schema import Ratio, Stat
+from .schema import describe_error, Ratio, Stat
 
 Samples = dict[str, list[float]]
 
@@ -51,6 +51,22 @@ def frozen_heap() -> Iterator[None]:
         _frozen_depth -= 1
         if _frozen_depth == 0:
             gc.unfreeze()
+
+
+K = TypeVar("K")
+
+
+def drop_failing(cells: MutableMapping[K, Callable[[], Any]]) -> dict[K, str]:
+    """Calls every cell once; removes those that raise and returns why they failed
+    (`describe_error`)."""
+    fails: dict[K, str] = {}
+    for key, fn in list(cells.items()):
+        try:
+            fn()
+        except Exception as err:
+            fails[key] = describe_error(err)
+            del cells[key]
+    return fails
 
 
 def _batch(fn: Callable[[], Any], n: int) -> float:
