@@ -128,12 +128,28 @@ def _carrier_getattr(self: Any, name: str) -> Any:
     return getattr(get_layer(self), name)
 
 
-def _carrier_setattr(self: Any, name: str, value: Any) -> None:
-    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+class _FrozenField:
+    """A field of the carrier class: read from the layer, and frozen as the layer's
+    is. Per field, not a `__setattr__` on the class: with object's, the carrier's
+    own slots are written by specialised attribute stores (`carrier_stores`) on
+    every unflatten."""
 
+    __slots__ = ("name", "layer_class")
 
-def _carrier_delattr(self: Any, name: str) -> None:
-    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+    def __init__(self, name: str, layer_class: type) -> None:
+        self.name = name
+        self.layer_class = layer_class
+
+    def __get__(self, carrier: Any, owner: type | None = None) -> Any:
+        if carrier is None:  # on the class: as the layer class has it (a default)
+            return getattr(self.layer_class, self.name)
+        return getattr(get_layer(carrier), self.name)
+
+    def __set__(self, carrier: Any, value: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {self.name!r}")
+
+    def __delete__(self, carrier: Any) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {self.name!r}")
 
 
 def _carrier_eq(self: Any, other: Any) -> Any:
@@ -172,7 +188,8 @@ def _make_carrier_class(cls: type) -> type:
     `isinstance` takes it for one (its `__class__` is the layer class); calling the
     class makes a layer. No subclass of the layer class: an instance of one would
     carry an attribute dict of its own, one more allocation and a dict swap per layer
-    on every unflatten."""
+    on every unflatten. Its fields are frozen one by one (`_FrozenField`), and its
+    `__setattr__` is object's, which the unflatten's slot stores need to be fast."""
     namespace: dict[str, Any] = {
         _CARRIER_OF: cls,
         "__slots__": ("__weakref__",),
@@ -185,12 +202,12 @@ def _make_carrier_class(cls: type) -> type:
         "__new__": _carrier_new,
         "__signature__": _LayerSignature(),
         "__getattr__": _carrier_getattr,
-        "__setattr__": _carrier_setattr,
-        "__delattr__": _carrier_delattr,
         "__eq__": _carrier_eq,
         "__hash__": _carrier_hash,
         "__reduce__": _reduce_carrier,
     }
+    for field in dataclasses.fields(cls):  # pyright: ignore[reportArgumentType]  # an eqx.Module is a dataclass
+        namespace[field.name] = _FrozenField(field.name, cls)
     for name in _FORWARDED:
         if getattr(cls, name, None) is not getattr(object, name, None):
             namespace[name] = _forwarding(cls, name)

@@ -46,7 +46,14 @@ from ._containers import (
     walk,
     watched_containers,
 )
-from ._fields import fields_of, get_flat, get_layer, needs_eager, set_flat, set_layer
+from ._fields import (
+    carrier_stores,
+    fields_of,
+    get_flat,
+    get_layer,
+    needs_eager,
+    set_flat,
+)
 from ._mixed import Holes, items_value_code
 from ._static_values import (
     HOLDER_TYPES,
@@ -694,7 +701,6 @@ def _generated(layout: Layout, kind: str, source: list[str]) -> Callable[..., An
     namespace = {
         "new": _object_new,
         "set_flat": set_flat,
-        "set_layer": set_layer,
         "get_attribute": _object_getattribute,
         "with_layers": with_layers,
         "carrier_classes": carrier_classes,
@@ -737,8 +743,7 @@ def _fill_body(layout: Layout) -> list[str]:
         *lines,
         "    obj = new(cls)",
         "    layer = new(layer_class)",
-        "    set_flat(obj, (children, aux))",
-        "    set_layer(obj, layer)",
+        *(f"    {line}" for line in carrier_stores("obj", "(children, aux)", "layer")),
         "    attrs = get_attribute(layer, '__dict__')",
         *stores,
         "    return obj",

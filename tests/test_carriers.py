@@ -122,6 +122,16 @@ def test_attributes_are_the_layers_and_the_pytree_holds_their_carriers():
     assert eqx.filter_vmap(linear, in_axes=dict(x=0))(xs).shape == (3, 8)
     with pytest.raises(dataclasses.FrozenInstanceError, match="'weight'"):
         linear.weight = None
+    with pytest.raises(dataclasses.FrozenInstanceError, match="'bias'"):
+        del linear.bias
+    with pytest.raises(dataclasses.FrozenInstanceError, match="'weight'"):
+        object.__setattr__(linear, "weight", None)
+    assert linear.weight is model.stack[0].weight  # untouched
+    # A field on the class reads as on the layer class: its default, or none.
+    mlp = carriers[2]
+    assert type(mlp).scan is eqx.nn.MLP.scan
+    with pytest.raises(AttributeError):
+        type(linear).weight  # the read is the test
     # `==` is symmetric, as eqx.Module's: an equal carrier, not the layer (another
     # node type, as the layer's own `==` says).
     again = _pytree_layers(jax.tree_util.tree_map(lambda x: x, model))[3]
