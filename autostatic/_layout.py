@@ -481,9 +481,7 @@ def _attribute_code(
             child = f"children[{layout.entry_child[j]}]"
             v = f"v{i}"
             if not watched:
-                lines += items_value_code(
-                    v, f"aux[{j + 1}]", child, "plain_items", [], []
-                )
+                lines += items_value_code(v, f"aux[{j + 1}]", child, [], [])
                 continue
             # Made items are plain: the list's record is the tuple they came as.
             made = [
@@ -491,7 +489,7 @@ def _attribute_code(
                 f" if type({v}) is list else ()"
             ]
             lines += items_value_code(
-                v, f"aux[{j + 1}]", child, "plain_items", made, _recording_code(v, True)
+                v, f"aux[{j + 1}]", child, made, _recording_code(v, True)
             )
             recorded.append(f"*flat_{v}, ")
             continue

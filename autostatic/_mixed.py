@@ -161,19 +161,19 @@ class Holes(tuple):
 
 
 def items_value_code(
-    v: str, holes: str, child: str, plain: str, made: list[str], rebuilt: list[str]
+    v: str, holes: str, child: str, made: list[str], rebuilt: list[str]
 ) -> list[str]:
     """Source lines that make `v` the attribute value of `child` under `holes`, a
     `Holes` (expressions), for generated fill code.
 
     A flat list or tuple of carriers and static leaves (a block's `[Linear, relu,
-    Linear]`), whose leaf types are all in the set `plain` (needing no natural
-    value), is made by its shape's `ItemsMaker` as the tuple `items`, then `v` from
+    Linear]`), whose leaf types are all plain items (`plain_items`: needing no
+    natural value), is made by its shape's `ItemsMaker` as the tuple `items`, then `v` from
     it, then the lines `made` run. Otherwise `Holes.value` runs written inline for a
     flat list or tuple (its items copied, its carriers' layers and static leaves put
     in), or called for any other value or a child a tree_map changed, then the lines
-    `rebuilt` (both indented as the function body). Names used: `get_layer`,
-    `surgeries`, `holder_free` (`HOLDER_TYPES.isdisjoint`)."""
+    `rebuilt` (both indented as the function body). Names used: `plain_items`,
+    `get_layer`, `surgeries`, `holder_free` (`HOLDER_TYPES.isdisjoint`)."""
     rebuild = [
         f"{v} = {child}",
         f"t = type({v})",
@@ -197,7 +197,7 @@ def items_value_code(
     ]
     return [
         f"    h = {holes}",
-        f"    items = h[3].items({child}, h) if {plain}.issuperset(h[1]) else None",
+        f"    items = h[3].items({child}, h) if plain_items.issuperset(h[1]) else None",
         "    if items is None:",
         *("        " + line for line in rebuild),
         *("    " + line for line in rebuilt),
