@@ -212,7 +212,12 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 
 def _git_commit() -> str | None:
-    """The checkout's short commit, if git can tell."""
+    """The checkout's short commit, if git can tell, else `$AUTOSTATIC_COMMIT` (a copy
+    of the working tree without `.git`, as sent to a lent GPU machine)."""
+    return _git_head() or os.environ.get("AUTOSTATIC_COMMIT")
+
+
+def _git_head() -> str | None:
     try:
         return (
             subprocess.run(
