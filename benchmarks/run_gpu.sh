@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The construction section starts processes of its own: without this each one asks
+# for 75% of the GPU's memory while the main process holds as much.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 "$PYTHON" - <<'PY'
 import jax, equinox, autostatic
 backend = jax.default_backend()

@@ -326,34 +326,49 @@ ASYNC_REFS: tuple[tuple[str, str], ...] = (
     ("eqx-static", M.FILTER_JIT),
     ("eqx-filter", M.FILTER_JIT),
 )
-ASYNC_DIM = 256  # the side of the square matrices of the device work
+# Matmuls per step, unrolled: on a GPU every iteration of a loop returns to the host to
+# test its condition, which serialised the steps (no variant hid any host work there).
+ASYNC_MATMULS = 4
 
 
-def _make_device_step(depth: int) -> Callable[..., jax.Array]:
-    """The device work of one step: `depth` matmuls, reading the model once."""
+def _make_device_step() -> Callable[..., jax.Array]:
+    """The device work of one step: `ASYNC_MATMULS` matmuls, reading the model once."""
 
-    # A fori_loop, not an unrolled chain: compiling stays cheap whatever the depth.
     def heavy(m: Any, h: jax.Array, w: jax.Array) -> jax.Array:
-        h = jax.lax.fori_loop(0, depth, lambda i, h: jnp.tanh(h @ w), h)
+        for _ in range(ASYNC_MATMULS):
+            h = jnp.tanh(h @ w)
         return h + m.layers[0].bias.sum()
 
     return heavy
 
 
-def _calibrate_loop_depth(
-    arrays: Any, h0: jax.Array, w: jax.Array, device_s: float
-) -> int:
-    """The loop depth that makes one step take about `device_s` on this device: the
-    time of one iteration is the difference between two depths (dispatch cancels)."""
-    ref = M.build_mlp("dict", arrays)
+def _square_pair(n: int) -> tuple[jax.Array, jax.Array]:
+    """`h0` and `w` of side `n`, on the device (`w` scaled to keep `h` bounded)."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((n, n)).astype(np.float32) / np.sqrt(n)
+    h0 = rng.standard_normal((n, n)).astype(np.float32)
+    return jax.device_put(h0), jax.device_put(w)
 
-    def best(depth: int) -> float:
-        f = M.make_jitted("dict", M.JAX_JIT, _make_device_step(depth), ref.cfg)
+
+def _calibrate_matrix_side(arrays: Any, device_s: float) -> int:
+    """The side of the square matrices that makes one step take about `device_s` on
+    this device: doubled until a step takes half of it (the dispatch no longer
+    dominates), then scaled by the cube root (a matmul's time grows as the side
+    cubed), a multiple of 64."""
+    ref = M.build_mlp("dict", arrays)
+    f = M.make_jitted("dict", M.JAX_JIT, _make_device_step(), ref.cfg)
+
+    def best(n: int) -> float:
+        h0, w = _square_pair(n)
         block(f(ref.tree, h0, w))
         return min(timed_once(lambda: block(f(ref.tree, h0, w))) for _ in range(5))
 
-    per_iter = max(1e-7, (best(16) - best(4)) / 12)
-    return int(min(10_000, max(1, round(device_s / per_iter))))
+    n, t = 64, best(64)
+    while t < device_s / 2 and n < 8192:
+        n *= 2
+        t = best(n)
+    scaled = n * (device_s / max(t, 1e-7)) ** (1 / 3)
+    return int(min(16384, max(64, round(scaled / 64) * 64)))
 
 
 def _make_async_cells(
@@ -449,16 +464,11 @@ def async_dispatch(arrays: Any, settings: Settings) -> AsyncDispatch:
     takes a core away from XLA, so less is hidden than on an accelerator, and on a
     loaded machine the overlap can even come out negative.
     """
-    rng = np.random.default_rng(1)
-    w = jax.device_put(
-        rng.standard_normal((ASYNC_DIM, ASYNC_DIM)).astype(np.float32)
-        / np.sqrt(ASYNC_DIM)
-    )
-    h0 = jax.device_put(rng.standard_normal((ASYNC_DIM, ASYNC_DIM)).astype(np.float32))
-    depth = _calibrate_loop_depth(arrays, h0, w, settings.async_device_s)
+    side = _calibrate_matrix_side(arrays, settings.async_device_s)
+    h0, w = _square_pair(side)
     k = settings.async_steps
     cells, fails = _make_async_cells(
-        arrays, _make_device_step(depth), h0, w, k, settings.async_host_s
+        arrays, _make_device_step(), h0, w, k, settings.async_host_s
     )
     samples = run_interleaved(
         cells, settings.async_rounds, loops={c: 1 for c in cells}, seed=3
@@ -477,8 +487,8 @@ def async_dispatch(arrays: Any, settings: Settings) -> AsyncDispatch:
         "depth": len(arrays),
         "steps": k,
         "rounds": settings.async_rounds,
-        "loop_depth": depth,
-        "matrix": [ASYNC_DIM, ASYNC_DIM],
+        "matmuls": ASYNC_MATMULS,
+        "matrix": [side, side],
         "host_ms_per_step": per_step["host only"]["median"] * MS,
         "device_ms_per_step": device * MS,
         "variants": variants,

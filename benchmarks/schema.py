@@ -139,7 +139,7 @@ class AsyncDispatch(TypedDict):
     depth: int
     steps: int
     rounds: int
-    loop_depth: int
+    matmuls: int
     matrix: list[int]
     host_ms_per_step: float
     device_ms_per_step: float

@@ -237,7 +237,7 @@ def _async_row(name: str, v: AsyncVariant | Failed) -> list[str]:
 def async_section(res: AsyncDispatch) -> list[str]:
     """How much host work each variant hides behind device work."""
     lines = [
-        f"### Async dispatch: {res['steps']} steps `h = f(model, h, w)` ({res['loop_depth']} "
+        f"### Async dispatch: {res['steps']} steps `h = f(model, h, w)` ({res['matmuls']} "
         f"matmuls {res['matrix'][0]}x{res['matrix'][1]} per step) on the {res.get('depth', '?')}-layer MLP, "
         f"host work {res['host_ms_per_step']:.2f} ms between steps, device ≈ {res['device_ms_per_step']:.2f} ms/step",
         "",
