@@ -23,7 +23,7 @@ import runpy
 import sys
 from typing import Any
 
-from ._rebase import active_rebase, rebase, RebaseError
+from .rebase._rebase import active_rebase, rebase, RebaseError
 
 __all__ = ["main"]
 

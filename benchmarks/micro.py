@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._carriers import with_layers as asx_with_layers
 from autostatic._compat import original_tree_at
-from autostatic._layout import Aux
+from autostatic.core._carriers import with_layers as asx_with_layers
+from autostatic.core._layout import Aux
 
 from . import models as M, real_models as R
 from .registry import MODELS

@@ -180,7 +180,7 @@ def _numpy_save(path: str, model: list, fsync: bool, writeback: bool = False) ->
     as in our durable save."""
     import numpy as np
 
-    from autostatic._files import _start_writeback
+    from autostatic.checkpoint._files import _start_writeback
 
     start = _start_writeback() if writeback else None
     with open(path, "wb") as f:

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
 import autostatic as asx
-from autostatic._annotations import array_fields
+from autostatic.core._annotations import array_fields
 
 from .helpers import keystrs
 

@@ -414,7 +414,7 @@ def test_carriers_as_attributes_is_the_surgery_thread_s_alone():
     # carriers), another thread reading an unflattened model gets the layers.
     import threading
 
-    from autostatic._carriers import carriers_as_attributes
+    from autostatic.core._carriers import carriers_as_attributes
 
     model = Block(KEY)
     leaves, treedef = jax.tree_util.tree_flatten(model)

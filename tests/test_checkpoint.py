@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-import autostatic._files as files
-import autostatic._loading as loading
-import autostatic._safetensors as st
+import autostatic.checkpoint._files as files
+import autostatic.checkpoint._loading as loading
+import autostatic.checkpoint._safetensors as st
 from autostatic import CheckpointError, load, save
 
 from .helpers import assert_same_arrays, AutoMLP, EqxMLP, needs_devices
@@ -433,7 +433,7 @@ _CHILD = textwrap.dedent(
     import sys, time
     import numpy as np
     import autostatic
-    import autostatic._safetensors as st
+    import autostatic.checkpoint._safetensors as st
 
     original = st._write_tensor
 

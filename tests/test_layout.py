@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._layout import Aux, make_aux, StaticSequence
-from autostatic._static_values import Compared, snapshot_leaf
+from autostatic.core._layout import Aux, make_aux, StaticSequence
+from autostatic.core._static_values import Compared, snapshot_leaf
 
 
 class Pair(asx.AutoModule):

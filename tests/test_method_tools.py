@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from autostatic._bound_method import BoundMethod
+from autostatic.core._bound_method import BoundMethod
 
 BASE_CODE = '''
     """An eqx.Module base in another file."""
@@ -141,7 +141,7 @@ def test_names_docs_and_modules(user):
     assert inspect.getdoc(model.describe).startswith("What this is.")
     assert model.forward.__wrapped__.__self__ is model
     # The class itself keeps its own name, module and documentation.
-    assert BoundMethod.__module__ == "autostatic._bound_method"
+    assert BoundMethod.__module__ == "autostatic.core._bound_method"
     assert BoundMethod.__doc__.startswith("`module.method`")
     assert "BoundMethod" in repr(BoundMethod)
 

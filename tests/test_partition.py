@@ -636,7 +636,7 @@ class Arrays(asx.AutoModule):
 
 
 def _plain_and_general(obj):
-    from autostatic import _partition
+    from autostatic.core import _partition
 
     layer = obj if isinstance(obj, asx.AutoModule) else _partition._to_carrier(obj)
     return _partition._plain_split(layer, True), _partition._decide(layer, True)
@@ -726,7 +726,7 @@ def test_a_list_of_arrays_is_decided_by_types_from_a_fresh_process_s_second_mode
     # the split found not plain then is made again once that type is known.
     code = """
 import jax.numpy as jnp, autostatic as asx
-from autostatic import _partition
+from autostatic.core import _partition
 class Weights(asx.AutoModule):
     ws: list
 xs = [jnp.zeros(()) for _ in range(3)]
@@ -745,7 +745,7 @@ class Activation(asx.AutoModule):
 
 
 def test_a_function_hiding_an_array_warns_in_the_plain_split_too():
-    from autostatic import _partition
+    from autostatic.core import _partition
 
     w = jnp.ones(3)
     for _ in range(2):  # a lambda's type is met, then its split is made

@@ -145,7 +145,7 @@ def test_a_flat_sequence_is_split_by_item_types_as_the_walk_splits_it(names, as_
     # `_split_flat` decides a flat list from its items' types alone; whatever it
     # decides must be what the general walk decides: the same kind, child treedef,
     # child leaves and aux entry.
-    from autostatic import _partition
+    from autostatic.core import _partition
 
     # Every static item type is met once through the walk first, as in a program.
     for name in names:

@@ -207,4 +207,4 @@ def test_the_plugin_module_does_not_shadow_the_function():
     # package once imported (pytest -p in the same process).
     import autostatic.rebased  # noqa: F401
 
-    assert callable(asx.rebase) and asx.rebase.__module__ == "autostatic._rebase"
+    assert callable(asx.rebase) and asx.rebase.__module__ == "autostatic.rebase._rebase"

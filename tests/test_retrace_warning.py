@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import autostatic as asx
-from autostatic import _static_checks
+from autostatic.core import _static_checks
 
 from .helpers import TraceCounter
 
@@ -121,7 +121,7 @@ def test_new_values_in_separate_traces_still_warn_with_many_blocks():
 def test_a_field_that_has_warned_keeps_no_more_values():
     # A step counter held as a static int brings a new value to every trace: once
     # its field has warned, its values are no longer kept (memory stays bounded).
-    from autostatic import _retrace
+    from autostatic.core import _retrace
 
     f = jax.jit(lambda m, x: m(x))
     with pytest.warns(asx.RetraceWarning):

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import autostatic._safetensors as st
+import autostatic.checkpoint._safetensors as st
 from autostatic import CheckpointError, load, save
 
 from .helpers import array_keystrs, assert_same_arrays, AutoMLP, EqxMLP, fuzz_loads

@@ -8,21 +8,21 @@ import equinox as eqx
 import jax.tree_util as jtu
 from typing_extensions import dataclass_transform
 
-from . import _fields, _layout, _partition
-from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
-from ._compat import (
+from .._compat import (
     assign_in_init,
     creating_subclass,
     currently_initialising,
     has_dataclass_init,
+    install_flatten_generator,
     METHOD_IN_INIT_MESSAGE,
     ModuleMeta,
     skip_argument_walk,
     unset_field,
     WRAPPER_FIELD_NAMES,
 )
+from . import _fields, _layout, _partition
+from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._containers import check_acyclic
-from ._hooks import install_hooks
 
 
 # Type checkers take a class built by a metaclass for a dataclass only when that
@@ -86,7 +86,9 @@ class _AutoModuleMeta(ModuleMeta):
         return obj
 
 
-install_hooks(lambda cls: isinstance(cls, _AutoModuleMeta))
+install_flatten_generator(
+    lambda cls: isinstance(cls, _AutoModuleMeta), _partition.flatten_functions
+)
 
 
 class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):

@@ -26,8 +26,8 @@ from typing import Any
 
 import equinox as eqx
 
-from ._compat import ModuleMeta, wrap_module_creation
-from ._module import AutoModule
+from .._compat import ModuleMeta, wrap_module_creation
+from ..core._module import AutoModule
 
 
 class RebaseError(RuntimeError):

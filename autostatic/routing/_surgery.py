@@ -18,11 +18,11 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._carriers import carriers_as_attributes, is_carrier, real_layer
-from ._compat import original_inference_mode, original_tree_at
-from ._exposed import holds_modules, on_exposed
-from ._fields import has_partition
-from ._partition import is_dynamic_leaf, with_carriers
+from .._compat import original_inference_mode, original_tree_at
+from ..core._carriers import carriers_as_attributes, is_carrier, real_layer
+from ..core._exposed import holds_modules, on_exposed
+from ..core._fields import has_partition
+from ..core._partition import is_dynamic_leaf, with_carriers
 
 _sentinel: Any = object()
 

@@ -23,9 +23,9 @@ import jax
 import jax.tree_util as jtu
 from jax.core import Tracer
 
-from . import _compat
+from .. import _compat
+from .._identity import WeakIdentitySet
 from ._containers import container_items
-from ._identity import WeakIdentitySet
 
 _MAX_DEPTH = 4
 _ATOMS = (int, float, complex, bool, str, bytes, type(None), type, types.ModuleType)
@@ -132,7 +132,7 @@ _warned: set[tuple[str, ...]] = set()
 # Frames in these folders are skipped, so a warning points at the user's line.
 _LIBRARY_FOLDERS = tuple(
     os.path.dirname(module.__file__ or "") + os.sep for module in (eqx, jax)
-) + (os.path.dirname(__file__) + os.sep,)
+) + (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
 
 
 def _user_stacklevel() -> int:

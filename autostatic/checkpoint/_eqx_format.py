@@ -21,8 +21,9 @@ from typing import Any
 import jax.tree_util as jtu
 import numpy as np
 
-from ._compat import saved_by_tree_serialise_leaves
-from ._exposed import expose
+from .._compat import saved_by_tree_serialise_leaves
+from ..core._exposed import expose
+from ..core._partition import is_dynamic_leaf
 from ._loading import (
     format_problems,
     InFlight,
@@ -31,7 +32,6 @@ from ._loading import (
     read_array,
     template_shape_dtype,
 )
-from ._partition import is_dynamic_leaf
 from ._safetensors import (
     CheckpointError,
     describe,

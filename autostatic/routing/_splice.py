@@ -26,12 +26,12 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._carriers import carrier_classes, real_layer, with_layers
-from ._compat import original_combine, original_filter
-from ._exposed import exposed_module, holds_modules
-from ._fields import fields_of, has_partition
-from ._layout import CARRIED, HOLED, materialise, partition_of, STATIC
-from ._partition import is_dynamic_leaf, new_decided
+from .._compat import original_combine, original_filter
+from ..core._carriers import carrier_classes, real_layer, with_layers
+from ..core._exposed import exposed_module, holds_modules
+from ..core._fields import fields_of, has_partition
+from ..core._layout import CARRIED, HOLED, materialise, partition_of, STATIC
+from ..core._partition import is_dynamic_leaf, new_decided
 
 # Filters known to keep no non-array leaf: the tree keeps its own form.
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)

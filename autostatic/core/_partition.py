@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from .._compat import warn_if_transformed
 from ._annotations import array_fields, NUMBER_TYPES, stands_for_array
 from ._carriers import (
     carrier_class,
@@ -37,7 +38,6 @@ from ._carriers import (
     real_layer,
     with_layers,
 )
-from ._compat import warn_if_transformed
 from ._containers import is_watched, SCALAR_TYPES, walk, watched_containers
 from ._fields import (
     fields_of,

@@ -18,6 +18,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
+from ..core._partition import is_dynamic_leaf
 from ._files import write_file
 from ._loading import (
     checked_dtype,
@@ -28,7 +29,6 @@ from ._loading import (
     read_array,
     template_shape_dtype,
 )
-from ._partition import is_dynamic_leaf
 from ._safetensors import (
     CheckpointError,
     describe,

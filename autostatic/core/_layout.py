@@ -35,8 +35,8 @@ from typing import Any, Final, NamedTuple
 import equinox as eqx
 import jax.tree_util as jtu
 
+from .._compat import FlattenFunctions
 from ._carriers import carrier_classes, surgeries, with_layers
-from ._compat import FlattenFunctions
 from ._containers import (
     ContainerRecords,
     exact_eq_types,

@@ -19,11 +19,11 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._compat import (
+from .._compat import (
     original_tree_deserialise_leaves,
     original_tree_serialise_leaves,
 )
-from ._exposed import decide_again, expose, holds_modules
+from ..core._exposed import decide_again, expose, holds_modules
 
 
 def _exposed_and_kwargs(tree: Any, filter_spec: Any) -> tuple[Any, dict[str, Any]]:
