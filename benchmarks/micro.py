@@ -2,8 +2,10 @@
 
 `python -m benchmarks.micro` prints, as paired ratios (median and IQR over rounds):
 
-- aux comparison: the flat `tuple` subclass `Aux` vs a plain tuple vs a `NamedTuple`
-  with the static values nested (what JAX's treedef `==` runs on a jit cache lookup);
+- aux forms: a node's aux made and compared as a plain tuple and as a tuple subclass
+  (what every flatten makes and every jit cache lookup compares);
+- the flatten generated for the field types a class meets against the general one,
+  per node of the 256-layer MLP of the user's own layers and per held layer;
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
   `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
@@ -13,18 +15,12 @@
   with warm caches (20 calls a batch, back to back) and cold (2 calls a batch, after
   24 MB of other allocations): the comparison runner's batches are as short as the
   cold ones and follow other cells;
-- the form of a held layer's node: unflatten + read of 256 `eqx.nn.Linear(8, 8)` as
-  Equinox's own nodes, as this library's carriers (a slotted class of their own, no
-  subclass of the layer class), and as two prototypes of that form (its
-  layer's dict filled by stores, as ours is, or by `object.__setattr__`, as
-  Equinox fills a module), warm and cold: what the carrier costs, and what another
-  form of it would save.
 """
 
 import gc
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -32,20 +28,10 @@ import jax.numpy as jnp
 
 import autostatic as asx
 from autostatic._compat import original_tree_at
-from autostatic.core._carriers import with_layers as asx_with_layers
-from autostatic.core._layout import Aux
 
 from . import models as M, real_models as R
 from .registry import MODELS
 from .timing import drop_failing, frozen_heap, paired_ratio, run_interleaved, summary
-
-
-class _NestedAux(NamedTuple):
-    """An aux with the static values nested in a tuple of their own."""
-
-    layout: Any
-    static_types: tuple[type, ...]
-    static_values: tuple[Any, ...]
 
 
 def _report(title: str, samples: dict[str, list[float]], reference: str) -> None:
@@ -60,30 +46,79 @@ def _report(title: str, samples: dict[str, list[float]], reference: str) -> None
             )
 
 
-def aux_comparison(rounds: int = 30) -> None:
-    """`==` of two equal aux values in three layouts: what a jit cache lookup
-    compares."""
-    layout = object()
+def aux_forms(rounds: int = 30) -> None:
+    """A node's aux made and compared as a plain tuple and as a tuple subclass: what
+    every flatten makes and every jit cache lookup compares."""
+
+    class Subclass(tuple):
+        __slots__ = ()
+
+    plan = object()
 
     def values() -> tuple[Any, ...]:
-        return (jax.nn.gelu, 2, 0.1, "name")  # new objects where Python makes them
-
-    def types(v: tuple[Any, ...]) -> tuple[type, ...]:
-        return tuple(map(type, v))
+        return (jax.nn.gelu, 2, 0.1, "name")
 
     va, vb = values(), values()
-    tuples = (layout, types(va), *va), (layout, types(vb), *vb)
-    flat = Aux(tuples[0]), Aux(tuples[1])
-    nested = _NestedAux(layout, types(va), va), _NestedAux(layout, types(vb), vb)
+    plain = (plan, *va), (plan, *vb)
+    sub = Subclass(plain[0]), Subclass(plain[1])
     samples = run_interleaved(
         {
-            "plain tuple": lambda: tuples[0] == tuples[1],
-            "Aux (tuple subclass)": lambda: flat[0] == flat[1],
-            "NamedTuple, values nested": lambda: nested[0] == nested[1],
+            "make: plain tuple": lambda: (plan, *va),
+            "make: tuple subclass": lambda: Subclass((plan, *va)),
+            "compare: plain tuple": lambda: plain[0] == plain[1],
+            "compare: tuple subclass": lambda: sub[0] == sub[1],
         },
         rounds,
     )
-    _report("aux == of two equal, separately built values", samples, "plain tuple")
+    _report("an aux of 4 entries", samples, "make: plain tuple")
+
+
+def generated_flatten(rounds: int = 15) -> None:
+    """The flatten generated for the field types a class meets (`_generated`)
+    against the general one, called on every node of the 256-layer MLP of the user's
+    own layers, and the carrier made for each of 256 held `eqx.nn.Linear` likewise."""
+    from autostatic.core import _plan
+    from autostatic.core._fields import fields_of
+
+    keys = jax.random.split(jax.random.key(0), 256)
+    own = _OwnMLP([_OwnLinear(jnp.ones((8, 8)), jnp.ones(8)) for _ in keys])
+    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
+    jax.tree_util.tree_flatten((own, _AutoHolder(layers)))  # the generated code made
+    nodes = [own, *own.layers]
+    linear = fields_of(eqx.nn.Linear)
+    made = _plan._carried[eqx.nn.Linear]  # the generated carrier maker
+
+    def each(function: Callable[[Any], Any], of: list[Any]) -> Callable[[], None]:
+        return lambda: [function(x) for x in of] and None
+
+    samples = run_interleaved(
+        {
+            "own layers, generated": each(
+                lambda x: fields_of(type(x)).flatten(x), nodes
+            ),
+            "own layers, general": each(
+                lambda x: fields_of(type(x)).general_flatten(x), nodes
+            ),
+            "eqx.nn layers, generated": each(made, layers),
+            "eqx.nn layers, general": each(linear.general_carrier, layers),
+        },
+        rounds,
+    )
+    for name in ("own layers", "eqx.nn layers"):
+        _report(
+            f"{name}: a node's flatten (a carrier made), general / generated",
+            {k: v for k, v in samples.items() if k.startswith(name)},
+            f"{name}, generated",
+        )
+
+
+class _OwnLinear(asx.AutoModule):
+    weight: jax.Array
+    bias: jax.Array
+
+
+class _OwnMLP(asx.AutoModule):
+    layers: list
 
 
 class _EqxHolder(eqx.Module):
@@ -242,123 +277,9 @@ def warm_and_cold(rounds: int = 101) -> None:
         print(f"  {model.name}: {line[0]} | {line[1]}")
 
 
-class _SlottedCarrier:
-    """A prototype carrier that is no subclass of its layer class: two slots (its
-    pytree form, its layer) and no `__dict__`, so unflatten makes it and its layer,
-    filled through the layer's dict, and nothing else."""
-
-    __slots__ = ("flat", "layer")
-
-
-_get_flat = _SlottedCarrier.flat.__get__  # pyright: ignore[reportAttributeAccessIssue]
-_set_flat = _SlottedCarrier.flat.__set__  # pyright: ignore[reportAttributeAccessIssue]
-_set_layer = _SlottedCarrier.layer.__set__  # pyright: ignore[reportAttributeAccessIssue]
-_get_layer = _SlottedCarrier.layer.__get__  # pyright: ignore[reportAttributeAccessIssue]
-
-
-def _slotted_unflatten(aux: Any, children: tuple[Any, ...]) -> _SlottedCarrier:
-    carrier = object.__new__(_SlottedCarrier)
-    _set_flat(carrier, (children, aux))
-    layer = object.__new__(eqx.nn.Linear)
-    attrs = object.__getattribute__(layer, "__dict__")
-    attrs["weight"], attrs["bias"] = children
-    attrs["in_features"], attrs["out_features"], attrs["use_bias"] = aux
-    _set_layer(carrier, layer)
-    return carrier
-
-
-jax.tree_util.register_pytree_node(_SlottedCarrier, _get_flat, _slotted_unflatten)
-
-
-class _SetattrCarrier(_SlottedCarrier):
-    """The slotted prototype, its layer filled as Equinox's unflatten fills a
-    module: `object.__setattr__` per field, no dict made."""
-
-    __slots__ = ()
-
-
-def _setattr_unflatten(aux: Any, children: tuple[Any, ...]) -> _SetattrCarrier:
-    carrier = object.__new__(_SetattrCarrier)
-    _set_flat(carrier, (children, aux))
-    layer = object.__new__(eqx.nn.Linear)
-    # Written out, as Equinox's generated unflatten is.
-    object.__setattr__(layer, "weight", children[0])
-    object.__setattr__(layer, "bias", children[1])
-    object.__setattr__(layer, "in_features", aux[0])
-    object.__setattr__(layer, "out_features", aux[1])
-    object.__setattr__(layer, "use_bias", aux[2])
-    _set_layer(carrier, layer)
-    return carrier
-
-
-jax.tree_util.register_pytree_node(_SetattrCarrier, _get_flat, _setattr_unflatten)
-
-
-def _slotted(layer: Any, cls: type = _SlottedCarrier) -> Any:
-    carrier = object.__new__(cls)
-    static = (layer.in_features, layer.out_features, layer.use_bias)
-    _set_flat(carrier, ((layer.weight, layer.bias), static))
-    _set_layer(carrier, layer)
-    return carrier
-
-
-def _read_linears(layers: list[Any]) -> None:
-    for layer in layers:
-        for name in ("weight", "bias", "in_features", "out_features", "use_bias"):
-            getattr(layer, name)
-
-
-def carrier_forms(rounds: int = 101) -> None:
-    """Unflatten + read every field of 256 `eqx.nn.Linear(8, 8)` in a list, held as
-    Equinox's nodes, as carriers, and as the slotted prototype; warm and cold."""
-    keys = jax.random.split(jax.random.key(0), 256)
-    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
-    held = jax.tree_util.tree_structure(_AutoLinears(layers, jax.nn.relu))
-    forms = {
-        "eqx.nn.Linear": (jax.tree_util.tree_structure(layers), list),
-        "carrier": (held.children()[0], asx_with_layers),
-        "slotted": (
-            jax.tree_util.tree_structure([_slotted(x) for x in layers]),
-            lambda xs: list(map(_get_layer, xs)),
-        ),
-        "slotted, filled by setattr": (
-            jax.tree_util.tree_structure(
-                [_slotted(x, _SetattrCarrier) for x in layers]
-            ),
-            lambda xs: list(map(_get_layer, xs)),
-        ),
-    }
-    leaves = jax.tree_util.tree_leaves(layers)
-    cells = [
-        lambda d=treedef, to=to_layers: _read_linears(
-            to(jax.tree_util.tree_unflatten(d, leaves))
-        )
-        for treedef, to_layers in forms.values()
-    ]
-    print(
-        "256 held eqx.nn.Linear, unflatten + read every field / Equinox's: warm | cold"
-    )
-    ratios: dict[str, list[list[float]]] = {name: [[], []] for name in forms}
-    with frozen_heap():
-        for r in range(rounds):
-            for column, (calls, cold) in enumerate(((20, False), (2, True))):
-                order = list(range(len(cells)))[:: 1 if r % 2 else -1]
-                times = {i: _cold_batch(cells[i], calls, cold) for i in order}
-                for i, name in enumerate(forms):
-                    ratios[name][column].append(times[i] / times[0])
-    for name in list(forms)[1:]:
-        stats = [summary(column) for column in ratios[name]]
-        print(
-            f"  {name}: "
-            + " | ".join(
-                f"{s['median']:.3f}x ({s['q1']:.3f}-{s['q3']:.3f})" for s in stats
-            )
-        )
-
-
 if __name__ == "__main__":
-    aux_comparison()
+    aux_forms()
+    generated_flatten()
     routed_tree_at()
     linear_256()
     warm_and_cold()
-    carrier_forms()

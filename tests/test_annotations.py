@@ -12,9 +12,13 @@ from hypothesis import given, settings, strategies as st
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
 import autostatic as asx
-from autostatic.core._annotations import array_fields
+from autostatic.core._fields import fields_of
 
 from .helpers import keystrs
+
+
+def array_fields(cls: type) -> tuple[bool, ...]:
+    return fields_of(cls).array_fields
 
 
 class LoopState(asx.AutoModule):

@@ -409,36 +409,38 @@ def test_shared_ties_nodes_as_in_eqx_module(init, call, x):
     assert counter.count == 1
 
 
-def test_carriers_as_attributes_is_the_surgery_thread_s_alone():
-    # While one thread runs `eqx.tree_at` (its where function reads attributes as
-    # carriers), another thread reading an unflattened model gets the layers.
+def test_layers_as_nodes_is_the_surgery_thread_s_alone():
+    # While one thread runs `eqx.tree_at` (its flattens give the layers as nodes, so
+    # that `where` finds them), another thread's flattens give the carriers.
     import threading
 
-    from autostatic.core._carriers import carriers_as_attributes
+    from autostatic.core._carriers import layers_as_nodes
 
     model = Block(KEY)
-    leaves, treedef = jax.tree_util.tree_flatten(model)
     inside, done = threading.Event(), threading.Event()
     seen = {}
 
+    def norm_node():
+        found = jax.tree_util.tree_leaves(
+            model, is_leaf=lambda x: isinstance(x, eqx.nn.LayerNorm)
+        )
+        return next(x for x in found if isinstance(x, eqx.nn.LayerNorm))
+
     def surgery():
-        with carriers_as_attributes():
-            norm = jax.tree_util.tree_unflatten(treedef, leaves).norm
-            seen["surgery"] = type(norm)
-            seen["surgery is a LayerNorm"] = isinstance(norm, eqx.nn.LayerNorm)
+        with layers_as_nodes():
+            seen["surgery"] = type(norm_node())
             inside.set()
             done.wait(5)
 
     thread = threading.Thread(target=surgery)
     thread.start()
     assert inside.wait(5)
-    seen["reader"] = type(jax.tree_util.tree_unflatten(treedef, leaves).norm)
+    seen["reader"] = type(norm_node())
     done.set()
     thread.join()
-    assert seen["reader"] is eqx.nn.LayerNorm
-    assert seen["surgery"] is not eqx.nn.LayerNorm
-    assert seen["surgery is a LayerNorm"]
-    assert type(jax.tree_util.tree_unflatten(treedef, leaves).norm) is eqx.nn.LayerNorm
+    assert seen["surgery"] is eqx.nn.LayerNorm
+    assert seen["reader"] is not eqx.nn.LayerNorm
+    assert type(norm_node()) is not eqx.nn.LayerNorm
 
 
 class Layers(asx.AutoModule):
@@ -450,17 +452,18 @@ def _carrier_auxes(model):
     return [node.node_data()[1] for node in child.children()]
 
 
-def test_layers_of_equal_sizes_share_their_aux_and_floats_stay_exact():
+def test_layers_of_equal_sizes_have_equal_aux_and_floats_stay_exact():
     key = jax.random.key(0)
     model = Layers(
         [eqx.nn.Linear(2, 3, key=key), eqx.nn.Linear(2, 3, key=key)]
         + [eqx.nn.Linear(3, 2, key=key), eqx.nn.Linear(2, 3, key=key)]
     )
     a, b, c, d = _carrier_auxes(model)
-    assert a is b and b is not c and c != a and d == a
-    # A float is matched too, but never a zero or NaN: 0.0 and -0.0 stay apart.
+    assert a == b and a[0] is b[0] and c != a and d == a
+    # A float is compared too, but never a zero or NaN by `==`: 0.0 and -0.0 stay
+    # apart.
     norm, other = _carrier_auxes(Layers([eqx.nn.LayerNorm(4), eqx.nn.LayerNorm(4)]))
-    assert norm is other
+    assert norm == other
     zero, negative = _carrier_auxes(Layers([eqx.nn.Dropout(0.0), eqx.nn.Dropout(-0.0)]))
     assert zero != negative
     again, _ = _carrier_auxes(Layers([eqx.nn.Dropout(-0.0), eqx.nn.Dropout(-0.0)]))

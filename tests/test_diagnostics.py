@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
-from autostatic.core import _static_checks
+from autostatic.core import _checks as _static_checks
 
 from .helpers import (
     AutoMixed,

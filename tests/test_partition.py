@@ -1,8 +1,6 @@
 """Semantics 2-4: the per-leaf partition, frozen at the end of __init__, natural paths."""
 
 import math
-import subprocess
-import sys
 from typing import Any
 
 import equinox as eqx
@@ -635,65 +633,6 @@ class Arrays(asx.AutoModule):
     sizes: list
 
 
-def _plain_and_general(obj):
-    from autostatic.core import _partition
-
-    layer = obj if isinstance(obj, asx.AutoModule) else _partition._to_carrier(obj)
-    return _partition._plain_split(layer, True), _partition._decide(layer, True)
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: eqx.nn.MLP(4, 4, 8, 2, key=jax.random.key(0)),
-        lambda: eqx.nn.MLP(4, 4, 8, 1, activation=lambda x: x, key=jax.random.key(0)),
-        lambda: eqx.nn.MultiheadAttention(2, 8, key=jax.random.key(0)),
-        lambda: eqx.nn.LayerNorm(4),
-        lambda: eqx.nn.Dropout(0.0),
-        lambda: MixedLists(
-            [eqx.nn.Linear(2, 2, key=jax.random.key(0)), jax.nn.relu, None, 3, "s"],
-            [8, 8],
-            "block",
-            0.5,
-        ),
-        lambda: MixedLists(
-            [jnp.ones(2), jax.nn.relu, eqx.nn.Dropout(0.1)], [], "b", 0.0
-        ),
-        lambda: LayerList(
-            [eqx.nn.Linear(2, 2, key=jax.random.key(0)), eqx.nn.Dropout(0.1)], [1.5, 2]
-        ),
-        lambda: WithFunctions(
-            jnp.ones(2),
-            jax.nn.gelu,
-            (eqx.nn.Linear(2, 2, key=jax.random.key(0)),),
-            (2, 3),
-            "f",
-        ),
-        lambda: Arrays([jnp.ones(2), jnp.zeros((3, 1))], (jnp.ones(()),), [1, 2]),
-    ],
-)
-def test_the_plain_split_decides_as_the_general_path(make):
-    # Functions and tuples of layers are decided by their types alone, without the
-    # walk, once a function's type has been met: the same children and aux.
-    make()
-    plain, general = _plain_and_general(make())
-    assert plain is not None
-    (p_children, p_aux, p_values, p_lists), (g_children, g_aux, g_values, g_lists) = (
-        plain,
-        general,
-    )
-    assert p_aux == g_aux and p_aux.layout is g_aux.layout
-    assert p_values == g_values and p_lists == g_lists  # what flatten checks
-    assert jax.tree_util.tree_structure(p_children) == jax.tree_util.tree_structure(
-        g_children
-    )
-    p_leaves, g_leaves = (
-        jax.tree_util.tree_leaves(c) for c in (p_children, g_children)
-    )
-    assert len(p_leaves) == len(g_leaves)
-    assert all(a is b for a, b in zip(p_leaves, g_leaves))
-
-
 def test_a_tuple_taken_for_layers_holding_scalars_takes_the_general_path():
     key = jax.random.key(0)
     first = WithFunctions(
@@ -721,35 +660,14 @@ class Marked(asx.AutoModule):
     xs: tuple = eqx.field(static=True)
 
 
-def test_a_list_of_arrays_is_decided_by_types_from_a_fresh_process_s_second_model():
-    # The array type is met inside the first model's list, not as a field of its own:
-    # the split found not plain then is made again once that type is known.
-    code = """
-import jax.numpy as jnp, autostatic as asx
-from autostatic.core import _partition
-class Weights(asx.AutoModule):
-    ws: list
-xs = [jnp.zeros(()) for _ in range(3)]
-Weights([*xs])
-print(_partition._plain_split(Weights([*xs]), True) is not None)
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    )
-    assert out.stdout.split() == ["True"]
-
-
 class Activation(asx.AutoModule):
     w: jax.Array
     activation: Any
 
 
-def test_a_function_hiding_an_array_warns_in_the_plain_split_too():
-    from autostatic.core import _partition
-
+def test_a_function_hiding_an_array_warns_once_its_type_is_known():
     w = jnp.ones(3)
-    for _ in range(2):  # a lambda's type is met, then its split is made
-        clean = Activation(jnp.ones(2), lambda x: x)
-    assert _partition._plain_split(clean, True) is not None
+    for _ in range(2):  # a lambda's type is met: later ones are still checked
+        Activation(jnp.ones(2), lambda x: x)
     with pytest.warns(UserWarning, match=r"Activation\.activation holds"):
         Activation(jnp.ones(2), lambda x: x * w)

@@ -141,36 +141,32 @@ def _flat_item(name: str):
 
 @property_settings
 @given(st.lists(_FLAT_ITEMS, max_size=6), st.booleans())
-def test_a_flat_sequence_is_split_by_item_types_as_the_walk_splits_it(names, as_tuple):
-    # `_split_flat` decides a flat list from its items' types alone; whatever it
-    # decides must be what the general walk decides: the same kind, child treedef,
-    # child leaves and aux entry.
-    from autostatic.core import _partition
+def test_a_flat_sequence_is_split_as_the_walk_splits_it(names, as_tuple):
+    # A flat list or tuple is split item by item (`FlatHoles`), any other value
+    # through its treedef (`Holes`): both must give the same kind, child and
+    # attribute value.
+    from autostatic.core import _plan, _split
 
-    # Every static item type is met once through the walk first, as in a program.
-    for name in names:
-        _partition._split_field(
-            Box, "Box.a", [_flat_item(name)], False, False, True, []
-        )
     value = [_flat_item(name) for name in names]
     value = tuple(value) if as_tuple else value
-    fast = _partition._split_flat(Box, "Box.a", value, True, [])
-    walked = _partition._split_field(Box, "Box.a", value, False, False, True, [])
-    if fast is None:  # not a sequence whose item types decide it
-        static = {"relu", "str", "int", "half", "lambda"} & set(names)
-        dynamic = {"array", "linear"} & set(names)
-        assert not static or not dynamic or "zero" in names  # a zero: exactly
-        return
-    assert fast[0] == walked[0]
-    if fast[0] == _partition.HOLED:
-        (fast_child, fast_holes), (walked_child, walked_holes) = fast[1], walked[1]
-        assert fast_holes == walked_holes
-    else:
-        fast_child, walked_child = fast[1], walked[1]
-    assert jax.tree_util.tree_structure(fast_child) == jax.tree_util.tree_structure(
+    flat = _split.split(value, False, _plan.to_carrier)
+    walked = _split._split_tree(value, False, _plan.to_carrier)
+    assert flat[0] == walked[0]
+    flat_child, walked_child = flat[1], walked[1]
+    assert jax.tree_util.tree_structure(flat_child) == jax.tree_util.tree_structure(
         walked_child
     )
-    fast_leaves = jax.tree_util.tree_leaves(fast_child)
+    flat_leaves = jax.tree_util.tree_leaves(flat_child)
     walked_leaves = jax.tree_util.tree_leaves(walked_child)
-    assert len(fast_leaves) == len(walked_leaves)
-    assert all(a is b for a, b in zip(fast_leaves, walked_leaves))
+    assert len(flat_leaves) == len(walked_leaves)
+    assert all(a is b for a, b in zip(flat_leaves, walked_leaves))
+    from autostatic.core._leaves import stops
+
+    again = [
+        jax.tree_util.tree_map(_plan.as_node, _split.value_of(*parts), is_leaf=stops)
+        for parts in (flat, walked)
+    ]
+    assert type(again[0]) is type(again[1]) is type(value)
+    for a, b, v in zip(again[0], again[1], value):
+        assert type(a) is type(b) is type(v)
+        assert a is b or eqx.tree_equal(a, b)

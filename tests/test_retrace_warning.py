@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import autostatic as asx
-from autostatic.core import _static_checks
+from autostatic.core import _checks as _static_checks
 
 from .helpers import TraceCounter
 

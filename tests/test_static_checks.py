@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import autostatic as asx
-from autostatic.core import _static_checks
+from autostatic.core import _checks as _static_checks
 
 from .helpers import keystrs
 

@@ -18,7 +18,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ..core._partition import is_dynamic_leaf
+from ..core._leaves import is_dynamic_leaf
 from ._files import write_file
 from ._loading import (
     checked_dtype,

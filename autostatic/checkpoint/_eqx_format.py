@@ -23,7 +23,7 @@ import numpy as np
 
 from .._compat import saved_by_tree_serialise_leaves
 from ..core._exposed import expose
-from ..core._partition import is_dynamic_leaf
+from ..core._leaves import is_dynamic_leaf
 from ._loading import (
     format_problems,
     InFlight,

@@ -13,13 +13,10 @@ import re
 import sys
 import types
 import typing
-import weakref
 from typing import Any, Final
 
 import jax
 import numpy as np
-
-from ._fields import fields_of
 
 # What a string annotation that cannot be evaluated (a name imported only for type
 # checkers) is read by: array types by their usual names.
@@ -28,24 +25,12 @@ _ARRAY_WORDS: Final = re.compile(
     r"|Complex|Real|Inexact|Num|Integer|Key)\b"
 )
 
-_array_fields: "weakref.WeakKeyDictionary[type, tuple[bool, ...]]" = (
-    weakref.WeakKeyDictionary()
-)
 
-
-def array_fields(cls: type) -> tuple[bool, ...]:
-    """Per field of the dataclass `cls`, whether its annotation admits an array;
-    resolved on the first call (when the first instance is decided, so that names
-    defined after the class resolve), then cached."""
-    try:
-        return _array_fields[cls]
-    except KeyError:
-        pass
+def array_fields(cls: type, names: tuple[str, ...]) -> tuple[bool, ...]:
+    """Per field `names` of the dataclass `cls`, whether its annotation admits an
+    array."""
     declared = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
-    fields = [declared[name] for name in fields_of(cls).names]
-    found = tuple(_admits_array(_resolve(cls, f.type)) for f in fields)
-    _array_fields[cls] = found
-    return found
+    return tuple(_admits_array(_resolve(cls, declared[n].type)) for n in names)
 
 
 def _resolve(cls: type, annotation: Any) -> Any:
@@ -94,13 +79,3 @@ def _admits_array(annotation: Any, depth: int = 0) -> bool:
             if a is not Ellipsis
         )
     return False
-
-
-def stands_for_array(leaf: Any) -> bool:
-    """A non-array leaf that a field annotated to hold arrays keeps as a leaf: a
-    Python number (initial loop state, a tolerance) or a `jax.ShapeDtypeStruct`."""
-    kind = type(leaf)
-    return kind in NUMBER_TYPES or kind is jax.ShapeDtypeStruct
-
-
-NUMBER_TYPES: Final = frozenset({int, float, complex, bool})

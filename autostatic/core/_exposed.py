@@ -1,9 +1,10 @@
 """The exposed form of a tree: every AutoModule with all its fields as children (as an
 `eqx.Module` without static markers flattens), every carrier the layer it stands for.
 
-Equinox's functions that look at non-array leaves (`eqx.tree_serialise_leaves`, its
-checkpoint order, diagnostics comparing two models) work on this form; `decide_again`
-makes AutoModules of an exposed tree again, deciding each partition from its values.
+Equinox's functions that look at non-array leaves (`eqx.tree_at` on a static value,
+`eqx.tree_serialise_leaves`, `eqx.nn.inference_mode`, a filter of non-arrays) work on
+this form; `decide_again` makes AutoModules of an exposed tree again, each flattened
+from its values from then on.
 """
 
 from collections.abc import Callable
@@ -11,23 +12,33 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._carriers import real_layer
-from ._fields import fields_of, has_partition
-from ._layout import CHILD, layout_for, make_aux, materialise, STATIC, unflatten
-from ._partition import new_decided
+from ._carriers import get_layer
+from ._fields import fields_of
+from ._leaves import CARRIER, category, is_dynamic_leaf, NODE, stops
+from ._plan import (
+    as_node,
+    entry_types,
+    plan_for,
+    remember_template,
+    template_aux,
+)
+from ._split import CHILD, split, STATIC, whole
+
+
+def is_ours(x: Any) -> bool:
+    """An AutoModule, or a carrier of an `eqx.nn` layer handed out by a flatten."""
+    return category(x) in (NODE, CARRIER)
 
 
 def holds_modules(tree: Any) -> bool:
-    """Whether `tree` holds an AutoModule or a carrier of an `eqx.nn` layer: a tree
-    that Equinox's functions, routed, see in the exposed form."""
-    return any(map(has_partition, jtu.tree_leaves(tree, is_leaf=has_partition)))
+    """Whether `tree` holds an AutoModule (or a carrier): a tree that Equinox's
+    functions, routed, see in the exposed form."""
+    return any(map(is_ours, jtu.tree_leaves(tree, is_leaf=is_ours)))
 
 
 def _map_modules(fn: Callable[[Any], Any], tree: Any) -> Any:
     """`fn` on every AutoModule and carrier in `tree` (not inside them)."""
-    return jtu.tree_map(
-        lambda x: fn(x) if has_partition(x) else x, tree, is_leaf=has_partition
-    )
+    return jtu.tree_map(lambda x: fn(x) if is_ours(x) else x, tree, is_leaf=is_ours)
 
 
 def exposed_module(
@@ -37,16 +48,22 @@ def exposed_module(
     without static markers flattens), except with `keep_declared_static` those
     declared `eqx.field(static=True)`, which Equinox keeps in its aux data too."""
     spec = fields_of(cls)
-    kinds, children, entries = [], [], []
-    for name, declared_static in zip(spec.names, spec.declared_static):
-        if keep_declared_static and declared_static:
-            kinds.append(STATIC)
-            entries.append(values[name])
-        else:
-            kinds.append(CHILD)
-            children.append(values[name])
-    aux = make_aux(layout_for(cls, tuple(kinds)), tuple(entries))
-    return unflatten(cls, aux, tuple(children))
+    obj = new_module(cls, values)
+    kinds = tuple(
+        STATIC if keep_declared_static and declared else CHILD
+        for declared in spec.declared_static
+    )
+    entries = [whole(values[n]) for n, k in zip(spec.names, kinds) if k == STATIC]
+    plan = plan_for(spec, kinds, entry_types(kinds, entries), True)
+    children = tuple(values[n] for n, k in zip(spec.names, kinds) if k == CHILD)
+    remember_template(obj, (plan, *entries), children)
+    return obj
+
+
+def is_exposed(module: Any) -> bool:
+    """Whether `module` is an AutoModule in the exposed form."""
+    aux = template_aux(module)
+    return aux is not None and aux[0].exposed
 
 
 # Each exposed module of a tree, by `_identity_key`, and the module it was made from.
@@ -69,12 +86,14 @@ def expose(
     `originals`, each exposed AutoModule is recorded in it (for `decide_again`)."""
 
     def expose_module(module: Any) -> Any:
+        if category(module) == CARRIER:
+            return _map_modules(expose_module, get_layer(module))
         cls = type(module)
-        if fields_of(cls).carrier:
-            return _map_modules(expose_module, real_layer(module))
-        attrs = materialise(module)
+        attrs = object.__getattribute__(module, "__dict__")
         values = {
-            n: _map_modules(expose_module, attrs[n]) for n in fields_of(cls).names
+            n: _map_modules(expose_module, attrs[n])
+            for n in fields_of(cls).names
+            if n in attrs
         }
         exposed = exposed_module(cls, values, keep_declared_static=keep_declared_static)
         if originals is not None:
@@ -93,24 +112,65 @@ def on_exposed(operation: Callable[[Any], Any], tree: Any) -> Any:
 
 
 def decide_again(tree: Any, originals: Originals | None = None) -> Any:
-    """Decides the partition of every AutoModule in `tree` from its current values;
-    one that an operation on the exposed tree left unchanged is the module it was
-    exposed from, as it was (`originals`): deciding it again could give another
-    partition (an optax `MaskedNode` where an array was), and the tree another
-    structure where nothing was changed."""
+    """Every AutoModule of `tree` made anew from its current values, flattened from
+    them from then on; one that an operation on the exposed tree left unchanged is the
+    module it was exposed from, as it was (`originals`): deciding it again could give
+    another structure (an optax `MaskedNode` where an array was) where nothing was
+    changed."""
 
     def decide_module(module: Any) -> Any:
-        cls = type(module)
-        if fields_of(cls).carrier:
-            return module
+        if category(module) == CARRIER:
+            return get_layer(module)
         if originals:
             original = originals.get(_identity_key(module))
             if original is not None:
                 return original
-        attrs = materialise(module)
-        names = fields_of(cls).names
-        return new_decided(
-            cls, ((n, _map_modules(decide_module, attrs[n])) for n in names)
+        cls = type(module)
+        attrs = object.__getattribute__(module, "__dict__")
+        return new_module(
+            cls, {n: _map_modules(decide_module, v) for n, v in attrs.items()}
         )
 
     return _map_modules(decide_module, tree)
+
+
+def new_module(cls: type, attrs: dict[str, Any]) -> Any:
+    """A new `cls` instance holding `attrs`, without `__init__`."""
+    obj = object.__new__(cls)
+    object.__getattribute__(obj, "__dict__").update(attrs)
+    return obj
+
+
+def dynamic_half(module: Any) -> dict[str, Any]:
+    """A module's field values with `None` for each static leaf (and each static
+    field), as `eqx.filter(module, eqx.is_array)` gives an `eqx.Module`'s; fields
+    declared `eqx.field(static=True)` keep their values, as Equinox keeps them."""
+    spec = fields_of(type(module))
+    attrs = object.__getattribute__(module, "__dict__")
+    out = {}
+    for name, declared, array_field in zip(
+        spec.names, spec.declared_static, spec.array_fields
+    ):
+        if name not in attrs:
+            continue
+        value = attrs[name]
+        if declared:
+            out[name] = value
+            continue
+        kind, child, _ = split(value, array_field, as_node)
+        out[name] = None if kind == STATIC else child
+    return out
+
+
+def static_leaves_of(module: Any) -> list[Any]:
+    """The non-array leaves of a module's own fields that Equinox's filter would see:
+    those of its fields not declared static, nodes in them excluded."""
+    spec = fields_of(type(module))
+    attrs = object.__getattribute__(module, "__dict__")
+    return [
+        leaf
+        for name, declared in zip(spec.names, spec.declared_static)
+        if not declared and name in attrs
+        for leaf in jtu.tree_leaves(attrs[name], is_leaf=stops)
+        if not stops(leaf) and not is_dynamic_leaf(leaf)
+    ]

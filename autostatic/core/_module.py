@@ -20,9 +20,11 @@ from .._compat import (
     unset_field,
     WRAPPER_FIELD_NAMES,
 )
-from . import _fields, _layout, _partition
+from . import _fields, _plan
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
-from ._containers import check_acyclic
+from ._carriers import is_carried_class, is_carrier_class
+from ._checks import check_acyclic, check_field
+from ._leaves import set_class_tests, stops
 
 
 # Type checkers take a class built by a metaclass for a dataclass only when that
@@ -71,7 +73,7 @@ class _AutoModuleMeta(ModuleMeta):
             # list ends in a RecursionError that can leave the interpreter unusable.
             names = _fields.fields_of(cls).names
             for name, arg in (*zip(names, args), *kwargs.items()):
-                check_acyclic(arg, (f"{cls.__qualname__}.{name}",))
+                check_acyclic(arg, f"{cls.__qualname__}.{name}")
         try:
             obj = super().__call__(*args, **kwargs)
         except TypeError as err:
@@ -82,16 +84,48 @@ class _AutoModuleMeta(ModuleMeta):
                 f"{err} {cls.__qualname__}.{name} was never set: __init__ must assign "
                 f"self.{name} (or the field needs a default value)."
             ) from err
-        _partition.freeze_partition(obj)
+        _finish(obj)
         return obj
 
 
+def _finish(obj: Any) -> None:
+    """What ends construction: a field a custom `__init__` left unset holds its
+    default (so that a flatten finds every field in the instance), the layers that an
+    `is_leaf` callback saw as carriers are layers again, and every field is checked
+    (`_checks`)."""
+    cls = type(obj)
+    spec = _fields.fields_of(cls)
+    attrs = object.__getattribute__(obj, "__dict__")
+    for name, declared_static in zip(spec.names, spec.declared_static):
+        if name not in attrs:
+            value = _default(cls, name)
+            if value is _NO_DEFAULT:
+                continue
+            attrs[name] = value
+        value = attrs[name]
+        if check_field(obj, name, value, declared_static):  # it holds carriers
+            attrs[name] = jtu.tree_map(_plan.as_node, value, is_leaf=stops)
+
+
+_NO_DEFAULT: Any = object()
+
+
+def _default(cls: type, name: str) -> Any:
+    """What reading a field `__init__` left unset gives: a class attribute of that
+    name that is no descriptor (a subclass's `config = [...]`), else none."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return _NO_DEFAULT if hasattr(type(value), "__get__") else value
+    return _NO_DEFAULT
+
+
 install_flatten_generator(
-    lambda cls: isinstance(cls, _AutoModuleMeta), _partition.flatten_functions
+    lambda cls: isinstance(cls, _AutoModuleMeta), _plan.flatten_functions
 )
 
 
-class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
+class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
     """An `eqx.Module` that decides by itself what is static.
 
     Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
@@ -187,39 +221,6 @@ class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
                 f"autostatic.tree_at(lambda m: m.{name}, module, new_value)."
             )
 
-        @_fields.fills_in
-        def __getattr__(self, name: str) -> Any:
-            # Reached only when normal lookup fails: a lazily unflattened instance, a
-            # field with a default that a custom __init__ did not set, or a property
-            # whose body raised AttributeError.
-            cls = type(self)
-            if name in cls.__dataclass_fields__:
-                attrs = _layout.materialise(self)
-                try:
-                    return attrs[name]
-                except KeyError:
-                    pass
-                try:
-                    return _fields.fields_of(cls).defaults[name]
-                except KeyError:
-                    pass
-            else:
-                owner = next((k for k in cls.__mro__ if name in vars(k)), None)
-                descriptor = None if owner is None else vars(owner)[name]
-                get = getattr(type(descriptor), "__get__", None)
-                if get is not None:
-                    # Let the descriptor's own error through, not a misleading one.
-                    return get(descriptor, self, cls)
-            raise AttributeError(
-                f"{cls.__qualname__!r} object has no attribute {name!r}"
-            )
-
-        def __dir__(self) -> list[str]:
-            # A lazily unflattened instance's fields are not in its `__dict__` yet:
-            # `dir` (and so `inspect.getmembers`, completion) would miss them.
-            _layout.materialise(self)
-            return object.__dir__(self)
-
     def __delattr__(self, name: str) -> None:
         raise dataclasses.FrozenInstanceError(
             f"cannot delete {type(self).__qualname__}.{name}: AutoModule instances are "
@@ -227,4 +228,19 @@ class AutoModule(eqx.Module, _fields.Partitioned, metaclass=_AutoModuleMeta):
         )
 
     def __reduce__(self):
-        return _partition.reduce(self)
+        # For copy and pickle: the class and the attribute values, put back without
+        # `__init__` (as Equinox's unflatten does).
+        return (_rebuilt, (type(self), dict(object.__getattribute__(self, "__dict__"))))
+
+
+def _rebuilt(cls: type, attrs: dict[str, Any]) -> Any:
+    obj = object.__new__(cls)
+    object.__getattribute__(obj, "__dict__").update(attrs)
+    return obj
+
+
+set_class_tests(
+    node=lambda cls: isinstance(cls, _AutoModuleMeta),
+    layer=is_carried_class,
+    carrier=is_carrier_class,
+)

@@ -5,7 +5,7 @@ A Python float in a field not annotated as an array is static, so each new value
 compiles anew (50 learning rates, 50 compiles), silently. JAX unflattens a jitted
 function's arguments from tracers when, and only when, it traces: so an AutoModule's
 unflatten sees every trace. It compares its aux data with the last one of the same
-layout (by identity, then in C), which is all a step that reuses its program pays;
+plan (by identity), which is all a step that reuses its program pays;
 only a new aux is looked into, only its numbers and functions, and only while tracing
 does it count the values of each static field. After `after` traces that each brought
 a new value of one field (8 by default) it warns once, naming `Class.field`, the values
@@ -21,16 +21,9 @@ from equinox import is_array
 from jax.core import Tracer
 from jax.extend.core import find_top_trace
 
-from ._fields import is_partitioned_class
-from ._layout import (
-    Aux,
-    entry_value,
-    has_stored_partition,
-    partition_of,
-    STATIC,
-)
-from ._static_checks import warn_once
-from ._static_values import ExactFloat, static_key
+from ._checks import warn_once
+from ._split import STATIC, value_of
+from ._static import static_key
 
 
 class RetraceWarning(UserWarning):
@@ -45,6 +38,7 @@ class RetraceWarning(UserWarning):
 DEFAULT_AFTER = 8
 _after: int | None = DEFAULT_AFTER
 _KEPT = 8  # values shown in a warning
+_MOST_KEPT = 256  # values remembered per field, to tell a new one from a seen one
 _generation = 0  # a new one per `warn_on_retrace`: each field may warn again
 
 
@@ -63,11 +57,7 @@ class _Seen:
 # (class, field) -> what it has been traced with.
 _seen: dict[tuple[type, str], _Seen] = {}
 # The types of the static values counted: numbers and plain functions.
-_COUNTED_TYPES = frozenset({int, float, complex, types.FunctionType})
-# The types of the aux entries that hold them (an exact float is held as
-# `ExactFloat`): an unflatten calls `note_new_aux` only when one of these entries of
-# its layout changed.
-NOTED_ENTRY_TYPES = _COUNTED_TYPES | {ExactFloat}
+COUNTED_TYPES = frozenset({int, float, complex, types.FunctionType})
 
 
 def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
@@ -87,48 +77,29 @@ def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
     _seen.clear()
 
 
-def note_new_aux(cls: type, aux: Aux, children: tuple[Any, ...]) -> None:
-    """Called by an AutoModule's unflatten when a static number or function in its aux
-    is not what the last one of its layout held: while tracing, counts the values."""
+def note_new_aux(cls: type, aux: Any, children: tuple[Any, ...]) -> None:
+    """Called by an unflatten whose aux holds static numbers or functions and is not
+    the last one its plan met: while tracing, counts the values."""
     if _after is not None and _is_traced(children):
         _note(cls, aux, find_top_trace(()))
 
 
 def _is_traced(children: tuple[Any, ...]) -> bool:
-    # While tracing, JAX unflattens from tracers only: the first leaf tells, and is
-    # found without flattening the rest (blocks that differ in a static name each
-    # bring a new aux to every unflatten).
-    first = _first_leaf(children)
-    if first is not None and is_array(first):
-        return isinstance(first, Tracer)
-    return any(isinstance(x, Tracer) for x in jtu.tree_leaves(children))
+    # While tracing, JAX unflattens from tracers only: the first leaf tells.
+    for leaf in jtu.tree_leaves(children):
+        if is_array(leaf):
+            return isinstance(leaf, Tracer)
+    return False
 
 
-def _first_leaf(tree: Any) -> Any:
-    """The first leaf of `tree` through lists, tuples and the stored children of
-    AutoModules and carriers; None if there is none or another node comes first."""
-    while True:
-        kind = type(tree)
-        if kind is list or kind is tuple:
-            for item in tree:
-                if item is not None:
-                    tree = item
-                    break
-            else:
-                return None
-        elif is_partitioned_class(kind) and has_stored_partition(tree):
-            tree = partition_of(tree)[0]
-        else:
-            return tree
-
-
-def _note(cls: type, aux: Aux, trace: Any) -> None:
-    layout = aux.layout
-    for name, kind, entry in zip(layout.entry_names, layout.entry_kinds, aux.entries):
+def _note(cls: type, aux: Any, trace: Any) -> None:
+    plan = aux[0]
+    statics = [k for k in plan.kinds if k != 0]  # the kinds of the entries, in order
+    for name, kind, entry in zip(plan.entry_names, statics, aux[1:]):
         if kind != STATIC:
             continue
-        value = entry_value(entry)
-        if type(value) not in _COUNTED_TYPES:
+        value = value_of(STATIC, None, entry)
+        if type(value) not in COUNTED_TYPES:
             continue
         seen = _seen.get((cls, name))
         if seen is None:
@@ -138,7 +109,8 @@ def _note(cls: type, aux: Aux, trace: Any) -> None:
         key = static_key(value)
         if key in seen.keys:
             continue
-        seen.keys.add(key)
+        if len(seen.keys) < _MOST_KEPT:
+            seen.keys.add(key)
         if len(seen.shown) < _KEPT:
             seen.shown.append(value)
         if seen.last_trace is None or seen.last_trace() is not trace:

@@ -28,8 +28,8 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ..core._exposed import expose
-from ..core._partition import is_dynamic_leaf
-from ..core._static_values import static_equal
+from ..core._leaves import is_dynamic_leaf
+from ..core._static import static_equal
 
 logger = logging.getLogger("autostatic")
 
@@ -727,7 +727,7 @@ def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> LoggedJit:
 def _warn_changing_scalars(
     name: str, changes: dict[str, int], reasons: list[Reason]
 ) -> None:
-    from ..core._static_checks import warn_once
+    from ..core._checks import warn_once
 
     for reason in reasons:
         if (

@@ -27,11 +27,19 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from .._compat import original_combine, original_filter
-from ..core._carriers import carrier_classes, real_layer, with_layers
-from ..core._exposed import exposed_module, holds_modules
-from ..core._fields import fields_of, has_partition
-from ..core._layout import CARRIED, HOLED, materialise, partition_of, STATIC
-from ..core._partition import is_dynamic_leaf, new_decided
+from ..core._carriers import get_layer
+from ..core._exposed import (
+    dynamic_half,
+    exposed_module,
+    holds_modules,
+    is_exposed,
+    is_ours,
+    new_module,
+    static_leaves_of,
+)
+from ..core._fields import fields_of
+from ..core._leaves import CARRIER, category
+from ..core._plan import flatten
 
 # Filters known to keep no non-array leaf: the tree keeps its own form.
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)
@@ -39,31 +47,15 @@ _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)
 Keep = Callable[[Any], bool]
 
 
-def _filterable_static_leaves(module: Any) -> list[Any]:
-    """The non-array leaves of a module's own fields that Equinox's filter would
-    see: those of its static and holed fields not declared static."""
-    spec = fields_of(type(module))
-    layout = partition_of(module)[1].layout
-    attrs = materialise(module)
-    declared = dict(zip(spec.names, spec.declared_static))
-    return [
-        leaf
-        for name in layout.entry_names
-        if not declared[name]
-        for leaf in jtu.tree_leaves(attrs[name], is_leaf=has_partition)
-        if not has_partition(leaf) and not is_dynamic_leaf(leaf)
-    ]
-
-
 def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
     """Equinox's filter of `tree`, each AutoModule and carrier in it by
     `_filter_node`."""
 
     def stop(x: Any) -> bool:
-        return has_partition(x) or (is_leaf is not None and is_leaf(x))
+        return is_ours(x) or (is_leaf is not None and is_leaf(x))
 
     def each(x: Any) -> Any:
-        if has_partition(x) and not (is_leaf is not None and is_leaf(x)):
+        if is_ours(x) and not (is_leaf is not None and is_leaf(x)):
             return _filter_node(x, keep, replace, is_leaf)
         return x if keep(x) else replace
 
@@ -71,18 +63,16 @@ def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
 
 
 def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
-    if not any(map(keep, _filterable_static_leaves(module))):
+    if category(module) == CARRIER:  # exposed, a carrier is its layer
+        return _filter(get_layer(module), keep, replace, is_leaf)
+    if not any(map(keep, static_leaves_of(module))):
         # The array side: the node in its own form, its children filtered.
-        children = partition_of(module)[0]
+        children = flatten(fields_of(type(module)), module)[0]
         node = jtu.tree_structure(module, is_leaf=lambda x: x is not module)
         return node.unflatten([_filter(c, keep, replace, is_leaf) for c in children])
-    cls = type(module)
-    if fields_of(cls).carrier:  # exposed, a carrier is its layer
-        return _filter(real_layer(module), keep, replace, is_leaf)
-    attrs = materialise(module)
-    names = fields_of(cls).names
+    attrs = object.__getattribute__(module, "__dict__")
     return exposed_module(
-        cls, {n: _filter(attrs[n], keep, replace, is_leaf) for n in names}
+        type(module), {n: _filter(v, keep, replace, is_leaf) for n, v in attrs.items()}
     )
 
 
@@ -127,70 +117,49 @@ def partition(
     )
 
 
-def _is_exposed(x: Any) -> bool:
-    """An AutoModule in the exposed form, or an `eqx.nn` layer (a carrier's exposed
-    form)."""
-    if not has_partition(x):
+def _in_exposed_form(x: Any) -> bool:
+    """An AutoModule in the exposed form (or one whose every field is a child
+    anyway), or an `eqx.nn` layer (a carrier's exposed form)."""
+    if not is_ours(x) or is_exposed(x):
         return True
-    kinds = partition_of(x)[1].layout.kinds
-    spec = fields_of(type(x))
-    return all(
-        k not in (STATIC, HOLED, CARRIED) or d
-        for k, d in zip(kinds, spec.declared_static)
-    )
-
-
-def _array_side(module: Any) -> dict[str, Any]:
-    """A node's values with None for each non-array one not declared static: what
-    a tree in the node's own form contributes beside exposed trees."""
-    children, aux = partition_of(module)
-    layout = aux.layout
-    spec = fields_of(type(module))
-    attrs = materialise(module)
-    values = {
-        n: (attrs[n] if d else None) for n, d in zip(spec.names, spec.declared_static)
-    }
-    for name, kind, child in zip(layout.child_names, layout.child_kinds, children):
-        values[name] = with_layers(child) if kind in (CARRIED, HOLED) else child
-    return values
-
-
-def _as_layer(carrier: Any, values: dict[str, Any]) -> Any:
-    layer = object.__new__(carrier_classes[type(carrier)])
-    object.__getattribute__(layer, "__dict__").update(values)
-    return layer
+    return category(x) != CARRIER and not static_leaves_of(x)
 
 
 def _combine_nodes(xs: tuple[Any, ...], is_leaf: Any) -> Any:
     """`combine` at a position holding AutoModules (or carriers and their layers)."""
     present = [x for x in xs if x is not None]
-    exposed = any(map(_is_exposed, present))
+    exposed = any(map(_in_exposed_form, present))
 
     def side(x: Any) -> Any:
-        if x is None or not has_partition(x):
+        if x is None or not is_ours(x):
             return x
-        if not exposed or _is_exposed(x):
-            return x if not fields_of(type(x)).carrier else real_layer(x)
-        values = _array_side(x)
-        return _as_layer(x, values) if fields_of(type(x)).carrier else values
+        if category(x) == CARRIER:
+            return get_layer(x)
+        if not exposed or _in_exposed_form(x):
+            return x
+        return dynamic_half(x)
 
     sides = [side(x) for x in xs]
-    first = next(x for x in present if has_partition(x))
-    cls = type(first)
-    if fields_of(cls).carrier:  # layers, combined as Equinox combines them
+    first = next(x for x in present if is_ours(x))
+    if category(first) == CARRIER:  # layers, combined as Equinox combines them
         return combine(*sides, is_leaf=is_leaf)
-    names = fields_of(cls).names
+    cls = type(first)
     values = [
-        None if s is None else (s if type(s) is dict else materialise(s)) for s in sides
+        None if s is None else (s if type(s) is dict else vars_of(s)) for s in sides
     ]
-    return new_decided(cls, {n: _combine_field(values, n, is_leaf) for n in names})
+    names = fields_of(cls).names
+    return new_module(cls, {n: _combine_field(values, n, is_leaf) for n in names})
+
+
+def vars_of(module: Any) -> dict[str, Any]:
+    return object.__getattribute__(module, "__dict__")
 
 
 def _combine_field(values: list[Any], name: str, is_leaf: Any) -> Any:
     """One field of combined nodes: a side whose field is None (a field with no
     array, on the array side) contributes nothing, whatever the other sides hold
     there (a whole module, in Equinox's form of the non-array side)."""
-    parts = [v[name] for v in values if v is not None and v[name] is not None]
+    parts = [v[name] for v in values if v is not None and v.get(name) is not None]
     return combine(*parts, is_leaf=is_leaf) if parts else None
 
 
@@ -205,13 +174,13 @@ def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
             raise
 
     def stop(x: Any) -> bool:
-        return x is None or has_partition(x) or (is_leaf is not None and is_leaf(x))
+        return x is None or is_ours(x) or (is_leaf is not None and is_leaf(x))
 
     def each(*xs: Any) -> Any:
         present = [x for x in xs if x is not None]
         if not present:
             return None
-        if any(map(has_partition, present)):
+        if any(map(is_ours, present)):
             return _combine_nodes(xs, is_leaf)
         return present[0]
 

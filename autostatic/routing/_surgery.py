@@ -19,43 +19,17 @@ from typing import Any
 import jax.tree_util as jtu
 
 from .._compat import original_inference_mode, original_tree_at
-from ..core._carriers import carriers_as_attributes, is_carrier, real_layer
+from ..core._carriers import layers_as_nodes
 from ..core._exposed import holds_modules, on_exposed
-from ..core._fields import has_partition
-from ..core._partition import is_dynamic_leaf, with_carriers
+from ..core._leaves import category, is_dynamic_leaf, REAL, stops
 
 _sentinel: Any = object()
 
 
-def _decided_or_container(x: Any) -> bool:
-    return has_partition(x) or isinstance(x, (list, dict, set))
-
-
-def _arrays_only(tree: Any) -> bool:
-    """Whether Equinox's own `tree_at` may put `tree` in place as it is: arrays, and
-    modules with a partition of their own. A list, dict or set must be decided for
-    its new place: the layers in it carried, its non-array items put in the aux."""
-    return all(
-        has_partition(x) or is_dynamic_leaf(x)
-        for x in jtu.tree_leaves(tree, is_leaf=_decided_or_container)
-    )
-
-
-def _selected_nodes(where: Callable[[Any], Any], pytree: Any) -> Any:
-    """`where(pytree)`, or `_sentinel` if it raises: Equinox's own call then reports
-    the malformed `where`."""
-    try:
-        return where(pytree)
-    except Exception:
-        return _sentinel
-
-
-def _holds_arrays(targets: Any) -> bool:
-    """Whether a target holds an array: the tree is then a model, whose children are
-    arrays. A tree mapped from one (a filter spec of bools, gradients with `None`s)
-    holds other values where the arrays were, and keeps its structure when one is
-    replaced, as with `eqx.Module`."""
-    return targets is _sentinel or any(map(is_dynamic_leaf, jtu.tree_leaves(targets)))
+def _all_real(tree: Any) -> bool:
+    """Whether every leaf of `tree` is what a model's children hold (arrays, `None`,
+    AutoModules, `eqx.nn` layers): put in place as it is, it needs nothing decided."""
+    return all(category(x) in REAL for x in jtu.tree_leaves(tree, is_leaf=stops))
 
 
 def _is_model(tree: Any) -> bool:
@@ -109,18 +83,6 @@ def tree_at(
     )
 
 
-def _carriers_for(targets: Any, replace: Any) -> Any:
-    """`replace` with each replacement of a carrier target made a carrier, so the
-    result has the structure of a model built with it."""
-    if is_carrier(targets):
-        return with_carriers(replace)
-    if isinstance(targets, (tuple, list)) and isinstance(replace, (tuple, list)):
-        return type(replace)(
-            with_carriers(r) if is_carrier(t) else r for t, r in zip(targets, replace)
-        )
-    return replace
-
-
 def routed_tree_at(
     where: Callable[[Any], Any],
     pytree: Any,
@@ -129,55 +91,34 @@ def routed_tree_at(
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
     """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules.
-    Then Equinox's own still, on a copy of the tree whose attributes give the carriers
-    of its layers (so a layer `where` points at is a node of the pytree), unless a
-    target is static or a replacement is not arrays only; then `tree_at`."""
-    if not holds_modules(pytree):
-        kwargs = _replacements(replace, replace_fn)
-        return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
-
-    def where_in_pytree(tree: Any) -> Any:
-        with carriers_as_attributes():
-            return where(tree)
-
-    copied = jtu.tree_map(lambda x: x, pytree)
-    targets = _selected_nodes(where_in_pytree, copied)
-    if replace is _sentinel:
-        arrays_only = True
-    elif _one_per_target(targets, replace, copied):
-        arrays_only = all(map(_arrays_only, replace))
-    else:
-        arrays_only = _arrays_only(replace)
-    user_replace_fn = replace_fn
-
-    def checked_replace_fn(node: Any) -> Any:
-        nonlocal arrays_only
-        if is_carrier(node):
-            new = with_carriers(user_replace_fn(real_layer(node)))
-        else:
-            new = user_replace_fn(node)
-        arrays_only = arrays_only and _arrays_only(new)
-        return new
-
-    if replace_fn is not _sentinel:
-        replace_fn = checked_replace_fn
-    user_replace = replace
-    if replace is not _sentinel and targets is not _sentinel:
-        replace = _carriers_for(targets, replace)
+    Then Equinox's own still, with every `eqx.nn` layer a node of the pytree as it is
+    (so a layer `where` points at is found), unless a target is static; then
+    `tree_at`, as for a model given a replacement that is not all arrays (a float
+    where an array was)."""
     kwargs = _replacements(replace, replace_fn)
+    if not holds_modules(pytree):
+        return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
+    made: list[Any] = [] if replace is _sentinel else [replace]
+    if replace_fn is not _sentinel:
+
+        def noting_replace_fn(node: Any) -> Any:
+            made.append(replace_fn(node))
+            return made[-1]
+
+        kwargs["replace_fn"] = noting_replace_fn
     try:
-        out = original_tree_at(where_in_pytree, copied, is_leaf=is_leaf, **kwargs)
+        with layers_as_nodes():
+            out = original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
     except (TypeError, ValueError) as err:
         # A static target is not a node of the tree: Equinox says it is not a leaf.
         try:
-            return tree_at(where, pytree, user_replace, user_replace_fn, is_leaf)
+            return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if arrays_only or not (_holds_arrays(targets) or _is_model(copied)):
+    if all(map(_all_real, made)) or not _is_model(pytree):
         return out
-    # A non-array now sits where only arrays may be children (in place of a target
-    # with no leaf, too: `None`, a `Dropout`, an empty container): decide it afresh.
-    return tree_at(where, pytree, user_replace, user_replace_fn, is_leaf)
+    # A non-array where a model holds arrays: decided afresh on the exposed form.
+    return tree_at(where, pytree, replace, replace_fn, is_leaf)
 
 
 def inference_mode(pytree: Any, value: bool = True) -> Any:

@@ -1,18 +1,16 @@
-"""The node format (`_layout`): the Aux tuple, static records that carry no field
-names, lazy fill-in."""
+"""The node format (`_plan`): the Aux tuple, static records that carry no field
+names, values made at each unflatten."""
 
 import dataclasses
 import pickle
-import sys
-import threading
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic.core._layout import Aux, make_aux, StaticSequence
-from autostatic.core._static_values import Compared, snapshot_leaf
+from autostatic.core._split import StaticSeq
+from autostatic.core._static import Compared, hold
 
 
 class Pair(asx.AutoModule):
@@ -25,34 +23,34 @@ def _aux(model):
     return jax.tree_util.tree_structure(model).node_data()[1]
 
 
-def test_aux_is_a_flat_tuple_with_named_accessors():
+def test_aux_is_a_flat_tuple_of_the_plan_and_the_entries():
     aux = _aux(Pair(jnp.ones(2), 0.5, "p"))
-    assert type(aux) is Aux and isinstance(aux, tuple)
-    assert aux.layout.child_names == ("w",)
-    assert aux.layout.entry_names == ("scale", "name")
-    assert aux.layout.static_types == (float, str)
-    assert aux.entries == (0.5, "p")
-    assert tuple(aux) == (aux.layout, 0.5, "p")
+    assert type(aux) is tuple
+    plan = aux[0]
+    assert [k.name for k in plan.child_keys] == ["w"]
+    assert plan.entry_names == ("scale", "name")
+    assert aux == (plan, 0.5, "p")
+    assert repr(aux) == "(Pair[static scale, name], 0.5, 'p')"
 
 
-def test_one_layout_object_per_types_and_1_1_0_true_differ():
+def test_one_plan_object_per_types_and_1_1_0_true_differ():
     a, b = _aux(Pair(jnp.ones(2), 0.5, "p")), _aux(Pair(jnp.zeros(2), 1.5, "q"))
-    assert a.layout is b.layout  # compared by identity in treedef ==
+    assert a[0] is b[0]  # compared by identity in treedef ==
     one, one_f, true = (_aux(Pair(jnp.ones(2), v, "p")) for v in (1, 1.0, True))
     assert one != one_f and one != true and one_f != true
-    assert one.layout is not one_f.layout and one.layout.untyped is one_f.layout.untyped
-    assert make_aux(one_f.layout, (1, "p")) == one  # re-typed from any layout
+    assert one[0] is not one_f[0]
+    numpy_children = _aux(Pair(jnp.ones(2).__array__(), 1, "p"))
+    assert numpy_children[0] is one[0]  # the plan holds no child's type
 
 
 def test_aux_pickles_with_function_types():
-    aux = make_aux(_aux(Pair(jnp.ones(2), 0.5, "p")).layout, (len, "x"))
+    aux = _aux(Pair(jnp.ones(2), len, "x"))
     again = pickle.loads(pickle.dumps(aux))
-    assert again == aux and again.layout.static_types == (type(len), str)
-    assert again.layout is aux.layout
+    assert again == aux and again[0] is aux[0]
 
 
 def test_static_leaves_compare_in_c_unless_eq_is_python():
-    assert snapshot_leaf(len) is len and snapshot_leaf(3) == 3
+    assert hold(len) is len and hold(3) == 3
 
     class Weird:
         def __eq__(self, other):
@@ -60,9 +58,9 @@ def test_static_leaves_compare_in_c_unless_eq_is_python():
 
         __hash__ = object.__hash__
 
-    weird = snapshot_leaf(Weird())
+    weird = hold(Weird())
     assert type(weird) is Compared  # so a failing comparison says what to do
-    assert type(snapshot_leaf({1, 2})) is not set  # a frozen copy of a set
+    assert type(hold({1, 2})) is not set  # a frozen copy of a set
 
 
 class Left(asx.AutoModule):
@@ -83,49 +81,10 @@ def test_no_record_holds_a_field_name_or_path():
     (left_child,) = jax.tree_util.tree_structure(left).children()
     (right_child,) = jax.tree_util.tree_structure(right).children()
     assert left_child == right_child
-    assert _aux(left).entries == _aux(right).entries
-    assert type(_aux(left).entries[1]) is StaticSequence
-    for entry in _aux(left).entries:
+    assert _aux(left)[1:] == _aux(right)[1:]
+    assert type(_aux(left)[2]) is StaticSeq
+    for entry in _aux(left)[1:]:
         assert "Left" not in repr(entry) and "sizes" not in repr(entry)
-
-
-class StaticFirst(asx.AutoModule):
-    name: str
-    xs: list
-    tags: list
-
-
-def test_lazy_fill_in_is_never_seen_half_done_by_other_threads():
-    # Reads race on a freshly unflattened instance: a thread must never see a
-    # missing field or a half-made value while another fills the fields in.
-    model = StaticFirst("m", [jnp.ones(2), "tag", 3], ["a", "b"])
-    leaves, treedef = jax.tree_util.tree_flatten(model)
-    n_threads, rounds = 8, 250
-    problems: list[str] = []
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for _ in range(rounds):
-            fresh = jax.tree_util.tree_unflatten(treedef, leaves)
-            barrier = threading.Barrier(n_threads)
-
-            def read(fresh: StaticFirst = fresh, barrier: threading.Barrier = barrier):
-                barrier.wait()
-                try:
-                    xs, tags = fresh.xs, fresh.tags
-                    if xs[1] != "tag" or xs[2] != 3 or list(tags) != ["a", "b"]:
-                        problems.append(repr((xs, tags)))
-                except Exception as err:
-                    problems.append(repr(err))
-
-            threads = [threading.Thread(target=read) for _ in range(n_threads)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-    finally:
-        sys.setswitchinterval(old_interval)
-    assert problems == [], problems[:5]
 
 
 class HoldsStatic(asx.AutoModule):
@@ -134,16 +93,14 @@ class HoldsStatic(asx.AutoModule):
     sizes: list
 
 
-def test_an_immutable_static_value_is_shared_and_a_mutable_one_is_not():
-    # As Equinox shares a static field's value: a layer without arrays (a tree of
-    # modules and tuples) is made once; a list is made anew for every read, so
-    # changing one model's list changes no other's.
+def test_static_values_are_made_anew_at_each_unflatten():
+    # A list is made anew for every unflatten, so changing one model's list changes
+    # no other's; a layer without arrays is a node of its own, made by its unflatten.
     model = HoldsStatic(jnp.ones(2), (eqx.nn.Dropout(0.1), (2, 3)), [[1, 2], [3]])
     leaves, treedef = jax.tree_util.tree_flatten(model)
     a, b = (jax.tree_util.tree_unflatten(treedef, leaves) for _ in range(2))
     assert type(a.config[0]) is eqx.nn.Dropout and a.config[0].p == 0.1
     assert a.config == (eqx.nn.Dropout(0.1), (2, 3))
-    assert a.config is b.config
     assert a.sizes == b.sizes == [[1, 2], [3]] and a.sizes is not b.sizes
     assert a.sizes[0] is not b.sizes[0]
     a.sizes[0].append(9)
@@ -162,9 +119,9 @@ class Outer(asx.AutoModule):
     single: Inner
 
 
-def test_modules_filled_in_with_their_parent_still_see_changes_in_place():
-    # Reading a lazily unflattened module fills in the modules below it too; each
-    # records its own lists then, so a later change in place is seen by jax.jit.
+def test_unflattened_modules_see_changes_in_place():
+    # A module a jitted function returned is flattened from what it holds now, as
+    # every module is: a change in place below it is seen by jax.jit.
     model = Outer([Inner([jnp.ones(2)], 1), Inner([jnp.ones(2)], 2)], Inner([], 3))
     leaves, treedef = jax.tree_util.tree_flatten(model)
     fresh = jax.tree_util.tree_unflatten(treedef, leaves)
@@ -223,10 +180,9 @@ def _same_items(value, twin_value):
         )
 
 
-def test_a_lazily_filled_mixed_list_or_tuple_holds_what_the_twin_s_does():
-    # Layers and static leaves put back into a fresh copy of the child's items. The
-    # first fill-in meets the item types; later ones make the items of each shape
-    # by its generated code, or fall back where a tree_map changed the child.
+def test_an_unflattened_mixed_list_or_tuple_holds_what_the_twin_s_does():
+    # Layers and static leaves put back into a fresh copy of the child's items, or
+    # the child kept where a tree_map with `is_leaf` changed it.
     model, twin = _mixed_items(MixedItems), _mixed_items(MixedItemsTwin)
     leaves, treedef = jax.tree_util.tree_flatten(model)
 
@@ -278,13 +234,10 @@ _CHANGES_IN_PLACE = {
 }
 
 
-def test_every_fill_in_records_its_lists_however_their_item_types_were_met():
-    # The first fill-in meets the item types; later ones take them as known (a
-    # mixed list's items made by code for its shape, a stack of layers mapped at
-    # once, AutoModules filled in without a look at each). In every one, the values
-    # are the natural ones, the AutoModules a list holds are filled in with their
-    # parent, and a change in place to each list is seen by flatten and jax.jit as
-    # by a model built afresh from the same values.
+def test_a_change_in_place_to_any_list_of_an_unflattened_model_is_seen():
+    # In every unflattened model the values are the natural ones, and a change in
+    # place to each list is seen by flatten and jax.jit as by a model built afresh
+    # from the same values.
     model = _lists_model()
     leaves, treedef = jax.tree_util.tree_flatten(model)
     total = jax.jit(lambda m: sum(x.sum() for x in jax.tree_util.tree_leaves(m)))
@@ -298,7 +251,7 @@ def test_every_fill_in_records_its_lists_however_their_item_types_were_met():
             for stack in (fresh.stack, fresh.stack_tuple):
                 assert [type(x) for x in stack] == [eqx.nn.Linear] * 2
                 assert eqx.tree_equal(list(stack), model.stack)
-            assert all("xs" in vars(i) for i in fresh.inners)  # filled in with it
+            assert all("xs" in vars(i) for i in fresh.inners)
             change(fresh)
             afresh = Lists(*(getattr(fresh, f.name) for f in dataclasses.fields(Lists)))
             assert jax.tree_util.tree_structure(fresh) == jax.tree_util.tree_structure(

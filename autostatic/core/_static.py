@@ -1,82 +1,22 @@
 """Static values as the aux data holds them: compared exactly, and shared.
 
-A static leaf goes into the aux as it is, unless `==` alone would not compare it as
-the jit cache must: a float or complex zero or NaN is held bit for bit (`ExactFloat`),
-a jaxpr as a program (`SameProgram`), a leaf whose `==` runs in Python behind a
-comparison that explains a failure (`Compared`), a set as a frozen copy (`SetValue`).
-Records are interned (`interned`), so that models built alike hold the same objects,
-which JAX compares by identity in C.
+A static leaf goes into the aux as it is (`hold`), unless `==` alone would not compare
+it as the jit cache must: a float or complex zero or NaN is held bit for bit
+(`ExactFloat`), a jaxpr as a program (`SameProgram`), a leaf whose `==` runs in Python
+behind a comparison that explains a failure (`Compared`), a set as a frozen copy
+(`SetValue`). `natural` gives the value back.
 """
 
 import dataclasses
 import functools
 import operator
 import struct
-import threading
 import types
 from collections.abc import Iterable
 from typing import Any, Final
 
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.linear_util import WrappedFun
-
-_interned: dict[Any, Any] = {}
-
-
-# The ids of the records in `_interned`, which keeps them alive: each is exact under
-# `==` (`_exact_under_eq`), so a record holding one needs no look inside it.
-_interned_ids: set[int] = set()
-_interning = threading.Lock()
-
-
-def _exact_under_eq(x: Any) -> bool:
-    """Whether `==` with an equal value of the same type says all there is to it:
-    not for a float or complex zero (the sign) or NaN (never equal)."""
-    kind = type(x)
-    if kind is float or kind is complex:
-        return not needs_exact_float(x)
-    if isinstance(x, tuple):
-        return id(x) in _interned_ids or all(map(_exact_under_eq, x))
-    return kind is not Compared
-
-
-# Exact types of the items met in records that are neither floats, complex numbers,
-# `Compared` nor tuples: a record of only these is exact under `==` with no look at
-# each item (most are: types, ints, strings, functions, layouts).
-_plain_item_types: set[type] = set()
-
-
-def _all_exact_under_eq(record: Any) -> bool:
-    for x in record:
-        kind = type(x)
-        if kind in _plain_item_types:
-            continue
-        if not _exact_under_eq(x):
-            return False
-        if kind not in _NOT_PLAIN_TYPES and not issubclass(kind, tuple):
-            _plain_item_types.add(kind)
-    return True
-
-
-def interned(record: Any) -> Any:
-    """One object per value for aux records (their small tuples, the records, a
-    node's whole aux), so that two models built alike hold the same objects, which
-    JAX compares by identity in C. A record holding a zero or NaN float, or a value
-    that cannot be hashed, is kept as it is."""
-    try:
-        if not _all_exact_under_eq(record):
-            return record
-        found = _interned.get(record)
-    except TypeError:  # an unhashable item
-        return record
-    if found is None:
-        with _interning:  # an id in `_interned_ids` is always of a record held
-            if len(_interned) >= 65536:  # bounded: the static values of a few models
-                _interned.clear()
-                _interned_ids.clear()
-            found = _interned.setdefault(record, record)
-            _interned_ids.add(id(found))
-    return found
 
 
 def static_equal(a: Any, b: Any) -> bool:
@@ -185,10 +125,6 @@ class Compared:
 
     def __repr__(self) -> str:
         return f"Compared({self.value!r})"
-
-
-# Item types whose every value must be looked at (`_all_exact_under_eq`).
-_NOT_PLAIN_TYPES: Final = frozenset({float, complex, Compared})
 
 
 class SameProgram:
@@ -311,9 +247,10 @@ def _compares_in_python(value: Any) -> bool:
     return isinstance(getattr(type(value), "__eq__", None), types.FunctionType)
 
 
-def snapshot_leaf(leaf: Any) -> Any:
-    """What the aux holds for a static leaf: the leaf itself, a frozen copy of a set,
-    or a `Compared` for a leaf compared in Python."""
+def hold(leaf: Any) -> Any:
+    """What the aux holds for a static leaf: the leaf itself, an exact form
+    (`ExactFloat`, `SameProgram`), a frozen copy of a set, or a `Compared` for a leaf
+    compared in Python."""
     if type(leaf) is set or type(leaf) is frozenset:
         return SetValue(leaf, type(leaf))
     exact = _exact_form(leaf)
@@ -328,18 +265,11 @@ def snapshot_leaf(leaf: Any) -> Any:
 HOLDER_TYPES: Final = frozenset({SetValue, Compared, SameProgram, ExactFloat})
 
 
-def natural_leaf(leaf: Any) -> Any:
+def natural(leaf: Any) -> Any:
+    """The value a held static leaf stands for (`hold` undone)."""
     kind = type(leaf)
     if kind is SetValue:
         return leaf.kind(leaf)
     if kind is Compared or kind is SameProgram or kind is ExactFloat:
         return leaf.value
     return leaf
-
-
-def natural_leaves(leaves: Iterable[Any], types: Iterable[type] = ()) -> list[Any]:
-    """The values of static `leaves`; `types`, if given, are theirs: when none is a
-    holder, the leaves are their own values."""
-    if types and HOLDER_TYPES.isdisjoint(types):
-        return list(leaves)
-    return list(map(natural_leaf, leaves))

@@ -1,0 +1,162 @@
+"""The leaf rule: what a value met in a field is, by its type.
+
+Every value an AutoModule's field reaches falls in one category, decided by its exact
+type once (`category`), which is what keeps the flatten cheap:
+
+- ARRAY: a jax array or tracer, a numpy scalar of a dtype JAX holds: a dynamic leaf;
+- NDARRAY: a numpy array: dynamic if JAX holds its dtype (its dtype is per value);
+- NONE: `None`, an empty child, as in an `eqx.Module` (`bias=None`);
+- NODE: an AutoModule, a node of its own (its flatten decides its own leaves);
+- LAYER: an `equinox.nn` layer, a node made a carrier in the pytree (`_carriers`);
+- CARRIER: a carrier handed out to an `is_leaf` callback, standing for its layer;
+- NUMBER: a Python bool, int, float or complex: static, but dynamic in a field
+  annotated to hold arrays (`_annotations`);
+- SHAPE: a `jax.ShapeDtypeStruct`: likewise;
+- CONTAINER: a list, tuple, dict, `OrderedDict`, `defaultdict` or namedtuple, or any
+  other type JAX flattens as a node (a user's `eqx.Module`): looked into;
+- STATIC: anything else (a string, a function, a dtype, a config object): static.
+"""
+
+import collections
+import functools
+from typing import Any, Final
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+from jax.core import Tracer
+
+ARRAY: Final = 0
+NDARRAY: Final = 1
+NONE: Final = 2
+NODE: Final = 3
+LAYER: Final = 4
+CARRIER: Final = 5
+NUMBER: Final = 6
+SHAPE: Final = 7
+CONTAINER: Final = 8
+STATIC: Final = 9
+
+# What is a node to us: decided by its own flatten, never looked into by a field's.
+NODES: Final = frozenset({NODE, LAYER, CARRIER})
+# What a field of a real model may hold as a child: its values are all arrays.
+REAL: Final = frozenset({ARRAY, NDARRAY, NONE, NODE, LAYER})
+
+BUILTIN_CONTAINERS: Final = frozenset(
+    {list, tuple, dict, collections.OrderedDict, collections.defaultdict}
+)
+
+# The owners of the NODE, LAYER and CARRIER types, set once by the modules that make
+# those classes (`_module`, `_carriers`): this module imports none of them.
+_is_node_class: list[Any] = [lambda cls: False]
+_is_layer_class: list[Any] = [lambda cls: False]
+_is_carrier_class: list[Any] = [lambda cls: False]
+
+
+def set_class_tests(node: Any, layer: Any, carrier: Any) -> None:
+    _is_node_class[0], _is_layer_class[0], _is_carrier_class[0] = node, layer, carrier
+    _categories.clear()
+    real_types.clear()
+
+
+@functools.cache
+def jax_holds(dtype: np.dtype) -> bool:
+    """Whether JAX can trace and store arrays of `dtype` (not text, bytes, dates,
+    objects or records)."""
+    if dtype.kind in "mM":  # numpy files timedelta64 under its integers
+        return False
+    return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
+
+
+def _category_of(cls: type, example: Any) -> int:
+    if _is_carrier_class[0](cls):
+        return CARRIER
+    if _is_node_class[0](cls):
+        return NODE
+    if _is_layer_class[0](cls):
+        return LAYER
+    if cls is type(None):
+        return NONE
+    if cls in (bool, int, float, complex):
+        return NUMBER
+    if cls is jax.ShapeDtypeStruct:
+        return SHAPE
+    if cls is np.ndarray:
+        return NDARRAY
+    if issubclass(cls, (jax.Array, Tracer)):
+        return ARRAY
+    if issubclass(cls, np.generic):
+        return ARRAY if jax_holds(np.dtype(cls)) else STATIC
+    if cls in BUILTIN_CONTAINERS or not _is_jax_leaf(example):
+        return CONTAINER
+    return STATIC
+
+
+def _is_jax_leaf(x: Any) -> bool:
+    """Whether JAX takes `x` for a leaf (its type is no registered node)."""
+    return jtu.treedef_is_leaf(jtu.tree_structure(x, is_leaf=lambda y: y is not x))
+
+
+# Per exact type met, its category: a C lookup on every flatten. Bounded: cleared
+# when it grows past what a program's types could fill (classes made in a loop).
+_categories: dict[type, int] = {}
+_MOST_TYPES: Final = 4096
+
+
+# The types met so far whose values may be children of a real model (`REAL`).
+real_types: set[type] = set()
+
+
+def category(x: Any) -> int:
+    """The category of `x` (see the module docstring), from its exact type."""
+    cls = type(x)
+    try:
+        return _categories[cls]
+    except KeyError:
+        found = _category_of(cls, x)
+        if len(_categories) >= _MOST_TYPES:
+            _categories.clear()
+            real_types.clear()
+        _categories[cls] = found
+        if found in REAL:
+            real_types.add(cls)
+        return found
+
+
+def item_categories(value: Any) -> set[int]:
+    """The categories of the items of a list or tuple, from their types (one item per
+    type looked at)."""
+    types = set(map(type, value))
+    if len(types) == 1:
+        return {category(value[0])}
+    examples = dict(zip(map(type, value), value))
+    return {category(example) for example in examples.values()}
+
+
+def is_array(x: Any) -> bool:
+    """`eqx.is_array`, less numpy values of a dtype JAX cannot hold: a text, bytes or
+    date scalar (`np.str_("relu")` read from a config) is static, as a `str` is."""
+    kind = category(x)
+    return kind == ARRAY or (kind == NDARRAY and jax_holds(x.dtype))
+
+
+def is_dynamic(x: Any, array_field: bool) -> bool:
+    """Whether the leaf `x` of a field is a pytree child: an array, or in a field
+    annotated to hold arrays a number or `ShapeDtypeStruct` standing for one."""
+    kind = category(x)
+    if kind == ARRAY or (kind == NDARRAY and jax_holds(x.dtype)):
+        return True
+    return array_field and (kind in (NUMBER, SHAPE))
+
+
+def is_dynamic_leaf(x: Any) -> bool:
+    """A leaf of a template or of a tree given for loading: an array (jax, numpy,
+    tracer) or a `jax.ShapeDtypeStruct`, as `eqx.filter_eval_shape` makes them."""
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def stops(x: Any) -> bool:
+    """`is_leaf` for a field's flatten: our nodes are items, not looked into."""
+    return category(x) in NODES

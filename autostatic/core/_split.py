@@ -1,0 +1,226 @@
+"""Splitting one field's value into its pytree child and its static entry, and back.
+
+A value is of one kind:
+
+- CHILD: every leaf is dynamic (arrays, nodes, `None`): the child is the value, with
+  each `eqx.nn` layer as its carrier;
+- STATIC: no leaf is: the aux holds the value (`StaticSeq`, `StaticTree`, or the
+  leaf held as `_static.hold` holds it);
+- MIXED: both: the child is the value with `None` in place of each static leaf (the
+  dynamic half, as `eqx.partition` makes it) and the aux holds the static leaves and
+  where they go (`FlatHoles` for a list or tuple of items, `Holes` for any other
+  value).
+
+Nodes (AutoModules, `eqx.nn` layers) are items, never looked into: each decides its
+own leaves, so an in-place change inside one is its own flatten's to see. Every
+record is a flat tuple, compared in C; none holds a field's name or path, so equal
+values give equal treedefs wherever they sit.
+"""
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import jax.tree_util as jtu
+
+from ._leaves import (
+    ARRAY,
+    CARRIER,
+    category,
+    CONTAINER,
+    is_dynamic,
+    item_categories,
+    jax_holds,
+    LAYER,
+    NDARRAY,
+    NODE,
+    NODES,
+    NONE,
+    NUMBER,
+    SHAPE,
+    stops,
+)
+from ._static import hold, HOLDER_TYPES, natural
+
+CHILD: Final = 0
+STATIC: Final = 1
+MIXED: Final = 2
+
+# What the child holds for a node item: its carrier for a layer, the module itself.
+NodeChild = Callable[[Any], Any]
+Split = tuple[int, Any, Any]  # (kind, child or None, entry or None)
+
+
+class StaticSeq(tuple):
+    """A static list or tuple of leaves (sizes, names, activations): `(list or tuple,
+    held leaf types, *held leaves)`; the types tell `[1]` from `[1.0]` and `[True]`,
+    which `==` calls equal."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        kind, types = self[0], self[1]
+        if HOLDER_TYPES.isdisjoint(types):
+            return kind(self[2:])
+        return kind(map(natural, self[2:]))
+
+
+class StaticTree(tuple):
+    """A static value with structure (a dict of names, a user's `eqx.Module` without
+    arrays): `(treedef, leaf types, *held leaves)`. Made anew at each read, so that
+    changing one attribute cannot change another's."""
+
+    __slots__ = ()
+
+    def value(self) -> Any:
+        return self[0].unflatten([natural(x) for x in self[2:]])
+
+
+class FlatHoles(tuple):
+    """The static items of a MIXED list or tuple (a block's `[Linear, relu, Linear]`):
+    `(list or tuple, positions, item types, *held items)`; the child holds `None` at
+    `positions`."""
+
+    __slots__ = ()
+
+    def fill(self, child: Any) -> Any:
+        kind, positions = self[0], self[1]
+        if type(child) is not kind or len(child) <= positions[-1]:
+            return child  # an `is_leaf` tree_map changed it: no place for the items
+        items = list(child)
+        for i, leaf in zip(positions, self[3:]):
+            items[i] = natural(leaf)
+        return items if kind is list else tuple(items)
+
+
+class Holes(tuple):
+    """The static leaves of any other MIXED value: `(treedef, positions, leaf types,
+    *held leaves)`, the treedef that of the value with nodes as leaves, the child
+    the value with `None` at `positions` among its leaves."""
+
+    __slots__ = ()
+
+    def fill(self, child: Any) -> Any:
+        treedef, positions = self[0], self[1]
+        try:
+            parts = treedef.flatten_up_to(child)
+        except (ValueError, TypeError):
+            return child  # an `is_leaf` tree_map changed its structure
+        for i, leaf in zip(positions, self[3:]):
+            parts[i] = natural(leaf)
+        return treedef.unflatten(parts)
+
+
+RECORDS: Final = frozenset({StaticSeq, StaticTree, FlatHoles, Holes})
+
+
+def value_of(kind: int, child: Any, entry: Any) -> Any:
+    """The attribute value of a field split into `child` and `entry`."""
+    if kind == CHILD:
+        return child
+    if kind == MIXED:
+        return entry.fill(child)
+    if type(entry) is StaticSeq or type(entry) is StaticTree:
+        return entry.value()
+    return natural(entry)
+
+
+def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
+    """The kind of `value` and its child and entry (see the module docstring)."""
+    cat = category(value)
+    if cat in (ARRAY, NONE):
+        return CHILD, value, None
+    if cat == NODE:
+        return CHILD, value, None
+    if cat in NODES:  # a layer, or a carrier handed out
+        return CHILD, node_child(value), None
+    if cat == NDARRAY and jax_holds(value.dtype):
+        return CHILD, value, None
+    if cat in (NUMBER, SHAPE):
+        return (CHILD, value, None) if array_field else (STATIC, None, hold(value))
+    if cat != CONTAINER:
+        return STATIC, None, hold(value)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return _split_items(value, array_field, node_child)
+    return _split_tree(value, array_field, node_child)
+
+
+# Item categories that make a list a child as it is, whatever its length: decided from
+# the set of its item types, in C.
+_AS_IS: Final = frozenset({ARRAY, NONE, NODE})
+
+
+def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
+    """`split` for a list or tuple; one whose items hold containers takes the
+    general path."""
+    cats = item_categories(value)
+    if _AS_IS.issuperset(cats):
+        return CHILD, value, None
+    if cats == {LAYER}:  # a stack of `eqx.nn` layers
+        return CHILD, type(value)(map(node_child, value)), None
+    if CONTAINER in cats:
+        return _split_tree(value, array_field, node_child)
+    items = list(value)
+    positions, nones = [], 0
+    for i, item in enumerate(items):
+        cat = category(item)
+        if cat in (LAYER, CARRIER):
+            items[i] = node_child(item)
+        elif cat == NONE:
+            nones += 1
+        elif cat in (ARRAY, NODE) or (cat == NDARRAY and jax_holds(item.dtype)):
+            continue
+        elif not (array_field and (cat in (NUMBER, SHAPE))):
+            positions.append(i)
+    kind = type(value)
+    if not positions:
+        return CHILD, (items if kind is list else tuple(items)), None
+    if len(positions) + nones == len(items):  # no dynamic leaf: static whole
+        held = [hold(x) for x in value]
+        return STATIC, None, StaticSeq((kind, tuple(map(type, held)), *held))
+    held = [hold(value[i]) for i in positions]
+    for i in positions:
+        items[i] = None
+    child = items if kind is list else tuple(items)
+    types = tuple(map(type, held))
+    return MIXED, child, FlatHoles((kind, tuple(positions), types, *held))
+
+
+def whole(value: Any) -> Any:
+    """The entry of a value declared `eqx.field(static=True)`: static whole, as
+    Equinox keeps it (a copy of its containers)."""
+    if category(value) != CONTAINER:
+        return hold(value)
+    kind = type(value)
+    if (kind is list or kind is tuple) and CONTAINER not in item_categories(value):
+        held = [hold(x) for x in value]
+        return StaticSeq((kind, tuple(map(type, held)), *held))
+    leaves, treedef = jtu.tree_flatten(value)
+    held = [hold(x) for x in leaves]
+    return StaticTree((treedef, tuple(map(type, held)), *held))
+
+
+def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
+    """`split` for any value JAX flattens as a node, through every level."""
+    leaves, treedef = jtu.tree_flatten(value, is_leaf=stops)
+    dynamic = [is_dynamic(x, array_field) or stops(x) for x in leaves]
+    if all(dynamic):
+        if not any(category(x) in (LAYER, CARRIER) for x in leaves):
+            return CHILD, value, None
+        return CHILD, treedef.unflatten(_node_children(leaves, node_child)), None
+    positions = tuple(i for i, d in enumerate(dynamic) if not d)
+    held = [hold(leaves[i]) for i in positions]
+    types = tuple(map(type, held))
+    if len(positions) == len(leaves):
+        return STATIC, None, StaticTree((treedef, types, *held))
+    parts = _node_children(leaves, node_child)
+    for i in positions:
+        parts[i] = None
+    return MIXED, treedef.unflatten(parts), Holes((treedef, positions, types, *held))
+
+
+def _node_children(leaves: list[Any], node_child: NodeChild) -> list[Any]:
+    return [node_child(x) if category(x) in _CARRIED else x for x in leaves]
+
+
+_CARRIED: Final = frozenset({LAYER, CARRIER})
