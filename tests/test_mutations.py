@@ -1,0 +1,73 @@
+"""One invariant, tested differentially: after any sequence of in-place changes to
+any container at any depth (inside nested modules, inside containers, before and
+after `jax.jit` returned the model), flatten, `jax.jit`, `jax.grad`, unflatten,
+`eqx.partition`/`combine`, `eqx.tree_serialise_leaves` and `autostatic.save`/`load`
+see exactly what an `eqx.Module` holding the same values sees
+(`tests/mutation_fuzz.py`)."""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, HealthCheck, settings, strategies as st
+
+import autostatic as asx
+
+from .mutation_fuzz import ASub, ATop, ESub, ETop, run_example, same
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+)
+@given(st.data())
+def test_in_place_changes_are_seen_as_an_eqx_module_sees_them(data: Any) -> None:
+    run_example(data)
+
+
+@pytest.mark.parametrize("after", ["a flatten", "a jit step"])
+def test_an_array_added_to_a_module_in_a_list_beside_a_mixed_tuple_is_seen(after):
+    arr, w, x = jnp.ones(2), jnp.full((2,), 2.0), jnp.full((2,), 30.0)
+    model = ATop([ASub({"w": w, "frozen": False}, None), (-2, arr)], None)
+    twin = ETop([ESub({"w": w, "frozen": False}, None), (-2, arr)], None)
+    if after == "a flatten":
+        jax.tree_util.tree_flatten(model)
+    else:
+        model = jax.jit(lambda m: m)(model)
+        twin = eqx.filter_jit(lambda m: m)(twin)
+    model.a[0].params["extra"] = x
+    twin.a[0].params["extra"] = x
+    total = jax.jit(
+        lambda m: sum(
+            v.sum() for v in m.a[0].params.values() if isinstance(v, jax.Array)
+        )
+    )
+    assert float(total(model)) == 64.0
+    assert [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(model)[0]
+    ] == [".a[0].params['extra']", ".a[0].params['w']", ".a[1][1]"]
+    same(model, twin)
+
+
+class Block(asx.AutoModule):
+    cfg: dict
+
+
+class Net(asx.AutoModule):
+    parts: list
+
+
+def test_a_config_module_without_arrays_beside_a_static_leaf_sees_its_change():
+    net = Net([Block({"scale": 1.0}), 3])
+    run = jax.jit(lambda n, x: n.parts[0].cfg["scale"] * x)
+    assert float(run(net, jnp.ones(()))) == 1.0
+    net = jax.jit(lambda n: n)(net)
+    net.parts[0].cfg["scale"] = 10.0
+    assert float(run(net, jnp.ones(()))) == 10.0
+    again = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(net)))
+    assert again.parts[0].cfg["scale"] == 10.0
