@@ -156,7 +156,10 @@ _warned: set[tuple[str, ...]] = set()
 # Frames in these folders are skipped, so a warning points at the user's line.
 _LIBRARY_FOLDERS = tuple(
     os.path.dirname(module.__file__ or "") + os.sep for module in (eqx, jax)
-) + (os.path.dirname(os.path.dirname(__file__)) + os.sep,)
+) + (
+    os.path.dirname(os.path.dirname(__file__)) + os.sep,
+    "<autostatic ",  # the generated code (`_generated`)
+)
 
 
 def _user_stacklevel() -> int:

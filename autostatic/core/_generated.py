@@ -1,4 +1,5 @@
-"""The one piece of generated code: a class's flatten for the field types it meets.
+"""The generated code: a class's flatten for the field types it meets, and its
+unflatten for the plan its instances have.
 
 The general flatten (`_plan.make_flatten`) finds a node's plan by the tuple of its
 field values' types, which costs a tuple and a dict lookup per node. For the types a
@@ -10,9 +11,15 @@ Any instance whose types differ, a template, or one still in `__init__` takes th
 general flatten. The source is kept on the function (`__source__`), as Equinox keeps
 its own generated functions', and in `linecache`, so tracebacks and debuggers show it.
 
-JAX registers one flatten per class, when Equinox creates it, before any field type
-is known: that function starts as a call of the general flatten (`dispatcher`) and
-takes the generated code once, in place (`specialise`).
+Likewise the unflatten (`fast_unflatten`), for a plan whose static entries are their
+own values: the attribute dict filled by one store per field, in field order (as
+`__init__` fills it, so instances share their dicts' keys), and the children's types
+checked against those of a real model's arrays (`_plan`'s templates).
+
+JAX registers one flatten and one unflatten per class, when Equinox creates it,
+before any field type is known: each starts as a call of the general function
+(`dispatcher`, `unflatten_dispatcher`) and takes the generated code once, in place
+(`specialise`).
 """
 
 import linecache
@@ -21,7 +28,7 @@ from typing import Any, Final
 
 _DISPATCHER: Final = """\
 def flatten(self):
-    \"\"\"{qualname}'s flatten, until the field types its instances hold are met.\"\"\"
+    "The flatten of {qualname}, until the field types its instances hold are met."
     return general(self)
 """
 
@@ -32,9 +39,10 @@ def flatten(self):
     if templates:
         return general(self)
     try:
-        {unpack} = read({dict_of_self})
+        values = read({dict_of_self})
     except KeyError:
         return general(self)
+    {unpack} = values
     if {checks}:
         {finish}
     return general(self)
@@ -44,16 +52,18 @@ def flatten(self):
 # carrier (`_carriers`) at once.
 _CARRIER_FINISH: Final = """\
 carrier = new(carrier_class)
-        carrier._autostatic_flat = ({child_values}), {aux}
+        carrier._autostatic_flat = {children}, {aux}
         carrier._autostatic_layer = self
         return carrier"""
 
 
-def _compiled(owner: type, source: str, scope: dict[str, Any]) -> Callable[..., Any]:
-    filename = f"<autostatic flatten of {owner.__qualname__} #{id(source)}>"
+def _compiled(
+    owner: type, source: str, scope: dict[str, Any], name: str = "flatten"
+) -> Callable[..., Any]:
+    filename = f"<autostatic {name} of {owner.__qualname__} #{id(source)}>"
     exec(compile(source, filename, "exec"), scope)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    function = scope["flatten"]
+    function = scope[name]
     function.__source__ = source
     return function
 
@@ -64,8 +74,8 @@ def dispatcher(owner: type, general: Callable[[Any], Any]) -> Callable[[Any], An
     return _compiled(owner, source, {"general": general})
 
 
-def specialise(function: Callable[[Any], Any], fast: Callable[[Any], Any]) -> None:
-    """Gives `function` (from `dispatcher`) the code of `fast` (from `fast_flatten`),
+def specialise(function: Callable[..., Any], fast: Callable[..., Any]) -> None:
+    """Gives `function` (from a dispatcher) the code of `fast` (generated for it),
     in place: JAX holds the registered function itself."""
     function.__globals__.update(fast.__globals__)
     function.__code__ = fast.__code__
@@ -91,9 +101,10 @@ def fast_flatten(
     values = [f"v{i}" for i in range(len(names))]
     entries = [v for v, t in zip(values, taken) if not t]
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
-    child_values = "".join(f"{v}, " for v, t in zip(values, taken) if t)
+    children = "".join(f"{v}, " for v, t in zip(values, taken) if t)
+    children = "values" if all(taken) else f"({children})"  # the tuple read, or part
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
-    finish = _CARRIER_FINISH if carrier else "return ({child_values}), {aux}"
+    finish = _CARRIER_FINISH if carrier else "return {children}, {aux}"
     source = _TEMPLATE.format(
         qualname=owner.__qualname__,
         types=", ".join(t.__qualname__ for t in types),
@@ -102,7 +113,72 @@ def fast_flatten(
         unpack="".join(f"{v}, " for v in values),
         dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
         checks=" and ".join(f"type({v}) is t{i}" for i, v in enumerate(values)),
-        finish=finish.format(child_values=child_values, aux=aux),
+        finish=finish.format(children=children, aux=aux),
     )
     scope = {**namespace, **{f"t{i}": t for i, t in enumerate(types)}}
     return _compiled(owner, source, scope)
+
+
+_UNFLATTEN_TEMPLATE: Final = '''\
+def unflatten(cls, aux, children):
+    """{qualname}'s unflatten for the plan {plan}: the children {children}, the
+    static entries {entries}; any other aux takes the general unflatten."""
+    if aux[0] is not plan:
+        return general(cls, aux, children)
+    {unpack} = children
+    self = new(cls)
+    attrs = {dict_of_self}
+{stores}
+    if not ({checks}) and not real_items(children):
+        settle(self, attrs, aux, children)
+{note}    return self
+'''
+
+_UNFLATTEN_DISPATCHER: Final = """\
+def unflatten(cls, aux, children):
+    "The unflatten of {qualname}, until the plan its instances have is met."
+    return general(cls, aux, children)
+"""
+
+
+def unflatten_dispatcher(
+    owner: type, general: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The unflatten to register for `owner`: the general one, until `specialise`."""
+    source = _UNFLATTEN_DISPATCHER.format(qualname=owner.__qualname__)
+    return _compiled(owner, source, {"general": general}, "unflatten")
+
+
+def fast_unflatten(
+    owner: type, plan: Any, namespace: dict[str, Any]
+) -> Callable[..., Any]:
+    """The unflatten of `owner` for nodes of `plan` (whose static entries are their
+    own values, no field mixed): a new instance, each field stored in its attribute
+    dict in field order, the types of the children checked against those a real
+    model holds. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`
+    and `noted`."""
+    n_children = sum(kind == 0 for kind in plan.kinds)
+    children = [f"c{i}" for i in range(n_children)]
+    stores, c, e = [], 0, 1
+    for name, kind in zip(plan.names, plan.kinds):
+        value = children[c] if kind == 0 else f"aux[{e}]"
+        c, e = c + (kind == 0), e + (kind != 0)
+        stores.append(f"    attrs[{name!r}] = {value}")
+    direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
+    source = _UNFLATTEN_TEMPLATE.format(
+        qualname=owner.__qualname__,
+        plan=repr(plan),
+        children=[n for n, k in zip(plan.names, plan.kinds) if k == 0],
+        entries=list(plan.entry_names),
+        unpack="".join(f"{v}, " for v in children) or "()",
+        dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
+        stores="\n".join(stores),
+        checks=" and ".join(f"type({v}) in real" for v in children) or "True",
+        note=(
+            "    if plan.last_aux_id != id(aux):\n        noted(cls, aux, children)\n"
+            if plan.counted
+            else ""
+        ),
+    )
+    scope = {**namespace, "plan": plan, "get_dict": object.__getattribute__}
+    return _compiled(owner, source, scope, "unflatten")

@@ -36,7 +36,13 @@ from ._carriers import (
     new_carrier,
 )
 from ._fields import fields_of, FieldSpec
-from ._generated import dispatcher, fast_flatten, specialise
+from ._generated import (
+    dispatcher,
+    fast_flatten,
+    fast_unflatten,
+    specialise,
+    unflatten_dispatcher,
+)
 from ._leaves import (
     ARRAY,
     CARRIER,
@@ -104,8 +110,12 @@ class Plan:
         )
         self.entry_names = tuple(n for n, k in zip(spec.names, kinds) if k != CHILD)
         # Whether a new static number or function in its aux is worth noting
-        # (`_retrace`), and the id of the last aux noted (an id: nothing kept alive).
-        self.counted = any(t in _retrace.COUNTED_TYPES for t in types if t)
+        # (`_retrace`: not in a field declared static, whose values Equinox also
+        # compiles anew), and the id of the last aux noted (nothing kept alive).
+        declared = [d for d, k in zip(spec.declared_static, kinds) if k == STATIC]
+        self.counted = any(
+            t in _retrace.COUNTED_TYPES and not d for t, d in zip(types, declared)
+        )
         self.last_aux_id = 0
         self.partial = False
         # Where every static entry is its own value (no record, nothing held): the
@@ -478,10 +488,11 @@ _carried: dict[type, Callable[[Any], Any]] = {}
 def _register_carrier(carrier: type, layer_class: type) -> None:
     """Makes the new carrier class `carrier` a pytree node, whose unflatten gives a
     `layer_class` layer."""
+    _registered_unflatten[layer_class] = unflatten_dispatcher(layer_class, unflatten)
     jtu.register_pytree_with_keys(
         carrier,
         with_keys(get_flat),
-        functools.partial(unflatten, layer_class),
+        functools.partial(_registered_unflatten[layer_class], layer_class),
         flatten_func=get_flat,
     )
 
@@ -514,10 +525,41 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
         real_types.issuperset(map(type, children)) or _real_items(children)
     ):
         _settle(obj, attrs, aux, children)
+    elif plan.order is not None and cls not in _fast_unflattens:
+        _install_fast_unflatten(cls, plan, children)
     if plan.counted and plan.last_aux_id != id(aux):
-        plan.last_aux_id = id(aux)
-        _retrace.note_new_aux(cls, aux, children)
+        _noted(cls, aux, children)
     return obj
+
+
+def _noted(cls: type, aux: Aux, children: Any) -> None:
+    """The aux of a plan holding static numbers or functions is not the last one
+    met: while tracing, `_retrace` looks into it."""
+    if _retrace.is_traced(children):
+        aux[0].last_aux_id = id(aux)
+        _retrace.note_new_aux(cls, aux)
+
+
+# The classes whose registered unflatten is generated for a plan (`_generated`).
+_fast_unflattens: "weakref.WeakSet[type]" = weakref.WeakSet()
+
+
+def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
+    """Gives the registered unflatten of `cls` the code generated for `plan`, the
+    first met with children of concrete arrays (not a trace's)."""
+    registered = _registered_unflatten.get(cls)
+    if registered is None or any(issubclass(type(c), Tracer) for c in children):
+        return
+    _fast_unflattens.add(cls)
+    namespace = {
+        "general": unflatten,
+        "new": _object_new,
+        "settle": _settle,
+        "real": real_types,
+        "real_items": _real_items,
+        "noted": _noted,
+    }
+    specialise(registered, fast_unflatten(cls, plan, namespace))
 
 
 def _real_items(children: Any) -> bool:
@@ -642,10 +684,15 @@ def flatten_functions(cls: type) -> FlattenFunctions:
     spec = fields_of(cls)
     install_flatten(spec)
     spec.flatten = _registered[cls] = dispatcher(cls, spec.general_flatten)
-    return spec.flatten, with_keys(spec.flatten), unflatten
+    _registered_unflatten[cls] = unflatten_dispatcher(cls, unflatten)
+    return spec.flatten, with_keys(spec.flatten), _registered_unflatten[cls]
 
 
-# The flatten JAX holds for each AutoModule class, specialised in place.
+# The flatten JAX holds for each AutoModule class, and the unflatten for each
+# AutoModule and carried layer class, specialised in place.
 _registered: "weakref.WeakKeyDictionary[type, Callable[[Any], Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+_registered_unflatten: "weakref.WeakKeyDictionary[type, Callable[..., Any]]" = (
     weakref.WeakKeyDictionary()
 )

@@ -77,15 +77,21 @@ def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
     _seen.clear()
 
 
-def note_new_aux(cls: type, aux: Any, children: tuple[Any, ...]) -> None:
-    """Called by an unflatten whose aux holds static numbers or functions and is not
-    the last one its plan met: while tracing, counts the values."""
-    if _after is not None and _is_traced(children):
+def note_new_aux(cls: type, aux: Any) -> None:
+    """Called while tracing by an unflatten whose aux holds static numbers or
+    functions and is not the last one its plan met: counts the values."""
+    if _after is not None:
         _note(cls, aux, find_top_trace(()))
 
 
-def _is_traced(children: tuple[Any, ...]) -> bool:
-    # While tracing, JAX unflattens from tracers only: the first leaf tells.
+def is_traced(children: Any) -> bool:
+    """Whether a node unflattened from `children` is unflattened by a trace: JAX
+    unflattens from tracers only, so the first leaf tells."""
+    first = children[0] if children else None
+    if isinstance(first, Tracer):
+        return True
+    if is_array(first):
+        return False
     for leaf in jtu.tree_leaves(children):
         if is_array(leaf):
             return isinstance(leaf, Tracer)

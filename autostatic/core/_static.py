@@ -67,8 +67,11 @@ class SetValue(frozenset):
 
 
 def needs_exact_float(x: float | complex) -> bool:
-    """A zero (`0.0 == -0.0`, yet `1 / x` differs) or NaN (never `==` itself): a
-    static value that `==` cannot compare exactly."""
+    """A zero (`0.0 == -0.0`, yet `1 / x` differs) or NaN (never `==` itself), or a
+    complex number with a zero or NaN part (`-0+2j == 2j`): a static value that `==`
+    cannot compare exactly."""
+    if type(x) is complex:
+        return x.real == 0 or x.imag == 0 or x != x
     return x == 0 or x != x
 
 
