@@ -77,7 +77,7 @@ def generated_flatten(rounds: int = 15) -> None:
     """The flatten generated for the field types a class meets (`_generated`)
     against the general one, called on every node of the 256-layer MLP of the user's
     own layers, and the carrier made for each of 256 held `eqx.nn.Linear` likewise."""
-    from autostatic.core import _plan
+    from autostatic.core import _node
     from autostatic.core._fields import fields_of
 
     keys = jax.random.split(jax.random.key(0), 256)
@@ -86,7 +86,7 @@ def generated_flatten(rounds: int = 15) -> None:
     jax.tree_util.tree_flatten((own, _AutoHolder(layers)))  # the generated code made
     nodes = [own, *own.layers]
     linear = fields_of(eqx.nn.Linear)
-    made = _plan._carried[eqx.nn.Linear]  # the generated carrier maker
+    made = _node._carried[eqx.nn.Linear]  # the generated carrier maker
 
     def each(function: Callable[[Any], Any], of: list[Any]) -> Callable[[], None]:
         return lambda: [function(x) for x in of] and None

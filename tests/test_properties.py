@@ -145,12 +145,12 @@ def test_a_flat_sequence_is_split_as_the_walk_splits_it(names, as_tuple):
     # A flat list or tuple is split item by item (`FlatHoles`), any other value
     # through its treedef (`Holes`): both must give the same kind, child and
     # attribute value.
-    from autostatic.core import _plan, _split
+    from autostatic.core import _node, _split
 
     value = [_flat_item(name) for name in names]
     value = tuple(value) if as_tuple else value
-    flat = _split.split(value, False, _plan.to_carrier)
-    walked = _split._split_tree(value, False, _plan.to_carrier)
+    flat = _split.split(value, False, _node.to_carrier)
+    walked = _split._split_tree(value, False, _node.to_carrier)
     assert flat[0] == walked[0]
     flat_child, walked_child = flat[1], walked[1]
     assert jax.tree_util.tree_structure(flat_child) == jax.tree_util.tree_structure(
@@ -163,7 +163,7 @@ def test_a_flat_sequence_is_split_as_the_walk_splits_it(names, as_tuple):
     from autostatic.core._leaves import stops
 
     again = [
-        jax.tree_util.tree_map(_plan.as_node, _split.value_of(*parts), is_leaf=stops)
+        jax.tree_util.tree_map(_node.layer_of, _split.value_of(*parts), is_leaf=stops)
         for parts in (flat, walked)
     ]
     assert type(again[0]) is type(again[1]) is type(value)

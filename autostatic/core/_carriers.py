@@ -76,6 +76,11 @@ def carrier_class(cls: type, register: Callable[[type, type], None]) -> type:
         return _made[cls]
 
 
+def layer_of(x: Any) -> Any:
+    """A node item as the node it is: a carrier handed out is its layer."""
+    return get_layer(x) if type(x) in carrier_classes else x
+
+
 def new_carrier(carrier_cls: type, flat: tuple[Any, Any], layer: Any) -> Any:
     carrier = object.__new__(carrier_cls)
     carrier._autostatic_flat = flat

@@ -12,17 +12,12 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._carriers import get_layer
+from ._carriers import get_layer, layer_of
 from ._fields import fields_of
 from ._leaves import CARRIER, category, is_dynamic_leaf, NODE, stops
-from ._plan import (
-    as_node,
-    entry_types,
-    plan_for,
-    remember_template,
-    template_aux,
-)
+from ._plan import entry_types, plan_for
 from ._split import CHILD, split, STATIC, whole
+from ._templates import remember_template, template_aux
 
 
 def is_ours(x: Any) -> bool:
@@ -157,7 +152,7 @@ def dynamic_half(module: Any) -> dict[str, Any]:
         if declared:
             out[name] = value
             continue
-        kind, child, _ = split(value, array_field, as_node)
+        kind, child, _ = split(value, array_field, layer_of)
         out[name] = None if kind == STATIC else child
     return out
 

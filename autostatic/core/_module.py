@@ -20,9 +20,9 @@ from .._compat import (
     unset_field,
     WRAPPER_FIELD_NAMES,
 )
-from . import _fields, _plan
+from . import _fields, _node
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
-from ._carriers import is_carried_class, is_carrier_class
+from ._carriers import is_carried_class, is_carrier_class, layer_of
 from ._checks import check_acyclic, check_field
 from ._leaves import set_class_tests, stops
 
@@ -104,7 +104,7 @@ def _finish(obj: Any) -> None:
             attrs[name] = value
         value = attrs[name]
         if check_field(obj, name, value, declared_static):  # it holds carriers
-            attrs[name] = jtu.tree_map(_plan.as_node, value, is_leaf=stops)
+            attrs[name] = jtu.tree_map(layer_of, value, is_leaf=stops)
 
 
 _NO_DEFAULT: Any = object()
@@ -121,7 +121,7 @@ def _default(cls: type, name: str) -> Any:
 
 
 install_flatten_generator(
-    lambda cls: isinstance(cls, _AutoModuleMeta), _plan.flatten_functions
+    lambda cls: isinstance(cls, _AutoModuleMeta), _node.flatten_functions
 )
 
 

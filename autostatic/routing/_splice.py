@@ -39,7 +39,7 @@ from ..core._exposed import (
 )
 from ..core._fields import fields_of
 from ..core._leaves import CARRIER, category
-from ..core._plan import flatten
+from ..core._node import flatten
 
 # Filters known to keep no non-array leaf: the tree keeps its own form.
 _ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)

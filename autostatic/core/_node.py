@@ -1,0 +1,328 @@
+"""A node's flatten and unflatten: what JAX calls for every AutoModule, and for every
+carrier of an `eqx.nn` layer in one.
+
+The one rule: **a node's flatten is the split of the field values it holds now.**
+Nothing is stored per instance, so nothing can go stale: a container changed in
+place, a field written by `object.__setattr__`, a module inside changed, are seen by
+the next flatten as by an `eqx.Module`'s. What keeps that cheap is the plan found
+per class and per tuple of the field values' types (`_plan`), and the code
+generated for the types and plan a class's instances have (`_generated`). The one
+exception is a template (`_templates`). Unflatten fills the attributes in at once.
+"""
+
+import functools
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+from jax.core import Tracer
+
+from .._compat import FlattenFunctions
+from . import _retrace
+from ._carriers import (
+    carrier_class,
+    get_flat,
+    get_layer,
+    in_surgery,
+    layer_of,
+    new_carrier,
+)
+from ._fields import fields_of, FieldSpec
+from ._generated import (
+    dispatcher,
+    fast_flatten,
+    fast_unflatten,
+    specialise,
+    unflatten_dispatcher,
+)
+from ._leaves import CARRIER, category, LAYER, real_types
+from ._plan import (
+    Aux,
+    CARRY,
+    entry_of,
+    entry_types,
+    KEEP,
+    new_signature,
+    Plan,
+    plan_for,
+    Signature,
+    SPLIT,
+    TAKE,
+    UNSET,
+    values_while_built,
+)
+from ._split import CHILD, split, STATIC, value_of
+from ._templates import flatten_template, real_items, settle, templates
+
+_object_getattribute = object.__getattribute__
+_object_new = object.__new__
+
+
+def flatten(spec: FieldSpec, obj: Any) -> tuple[tuple[Any, ...], Aux]:
+    """The node of `obj`, an instance of `spec`'s class: its children and aux."""
+    return spec.flatten(obj)
+
+
+def install_flatten(spec: FieldSpec) -> None:
+    """Gives `spec`'s class its general flatten (`_general_flatten`), until one
+    generated for the field types it meets replaces it (`_install_fast`)."""
+    spec.flatten = spec.general_flatten = _general_flatten(spec)
+
+
+def _install_fast(spec: FieldSpec, signature: Signature, types: tuple[type, ...]):
+    """Replaces the class's flatten (the carrier maker of a layer class) by one
+    generated for these field types, the first met of concrete arrays and static
+    values taken and kept as they are."""
+    if spec.specialised or not spec.names:
+        return
+    if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
+        return
+    spec.specialised = True
+    taken = tuple(a == TAKE for a in signature.actions)
+    registered = _registered.get(spec.owner)
+    if registered is None:  # a layer class: what `to_carrier` calls
+        _carried[spec.owner] = _carrier_maker(spec, signature, types, taken)
+        return
+    namespace = _generated_names(spec, signature, spec.general_flatten)
+    specialise(
+        registered, fast_flatten(spec.owner, spec.names, types, taken, namespace)
+    )
+
+
+def _generated_names(
+    spec: FieldSpec, signature: Signature, general: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """The names a generated flatten reads (`_generated.fast_flatten`)."""
+    return {
+        "templates": templates,
+        "general": general,
+        "read": spec.read,
+        "plan": signature.plan,
+        "aux": signature.aux,
+        "get_dict": _object_getattribute,
+    }
+
+
+def _carrier_maker(
+    spec: FieldSpec,
+    signature: Signature,
+    types: tuple[type, ...],
+    taken: tuple[bool, ...],
+) -> Callable[[Any], Any]:
+    """What makes the carriers of `spec`'s layer class, generated for these types."""
+    namespace = _generated_names(spec, signature, spec.general_carrier)
+    namespace["new"] = _object_new
+    namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
+    return fast_flatten(spec.owner, spec.names, types, taken, namespace, True)
+
+
+def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], Aux]]:
+    """The flatten of `spec`'s class that takes any instance: the fields read at
+    once, the plan found by the tuple of their types (`Signature`), the children
+    and entries picked in C where every field is taken or kept as it is."""
+    read, signatures = spec.read, spec.signatures
+    # `obj.__dict__` is read in C on an AutoModule, whose `__getattribute__` is
+    # object's; an `eqx.Module` has a Python one, passed by.
+    direct = getattr(spec.owner, "__getattribute__", None) is _object_getattribute
+
+    def flatten_one(obj: Any) -> tuple[tuple[Any, ...], Aux]:
+        if templates:
+            template = templates.get(id(obj))
+            if template is not None and template[0]() is obj:
+                return flatten_template(template, node_child_now())
+        try:
+            values = read(
+                obj.__dict__ if direct else _object_getattribute(obj, "__dict__")
+            )
+        except KeyError:  # flattened from inside `__init__`
+            values = values_while_built(spec, obj)
+        types = tuple(map(type, values))
+        signature = signatures.get(types)
+        if signature is None:
+            signature = new_signature(spec, types, values)
+            if signature.children is not None:
+                _install_fast(spec, signature, types)
+        children = signature.children
+        if children is None:
+            return _flatten_by_actions(spec, signature, values)
+        aux = signature.aux
+        if aux is None:
+            aux = (signature.plan, *signature.entries(values))  # pyright: ignore[reportOptionalCall]  # set with `children`
+        return children(values), aux
+
+    return flatten_one
+
+
+def _flatten_by_actions(
+    spec: FieldSpec, signature: Signature, values: tuple[Any, ...]
+) -> tuple[tuple[Any, ...], Aux]:
+    node_child = node_child_now()
+    children, entries, kinds = [], [], []
+    for i, (action, value) in enumerate(zip(signature.actions, values)):
+        if action == TAKE:
+            children.append(value)
+        elif action == CARRY:
+            children.append(node_child(value))
+        elif action == SPLIT:
+            kind, child, entry = split(value, spec.array_fields[i], node_child)
+            if kind != STATIC:
+                children.append(child)
+            if kind != CHILD:
+                entries.append(entry)
+            kinds.append(kind)
+            continue
+        else:
+            entries.append(entry_of(action, value))
+        kinds.append(STATIC if action >= KEEP else CHILD)
+    plan = signature.plan
+    if plan is None:
+        kinds = tuple(kinds)
+        partial = any(v is UNSET for v in values)
+        plan = plan_for(spec, kinds, entry_types(kinds, entries), False, partial)
+    return tuple(children), (plan, *entries)
+
+
+def node_child_now() -> Callable[[Any], Any]:
+    """What a child holds for a node item in this flatten: a layer's carrier, or
+    while this thread is in a surgery (`_carriers.layers_layer_ofs`) the layer."""
+    return layer_of if in_surgery() else to_carrier
+
+
+def to_carrier(x: Any) -> Any:
+    """The carrier of layer `x` (or of a carrier's layer), its node decided now."""
+    try:
+        return _carried[type(x)](x)
+    except KeyError:
+        pass
+    if category(x) == CARRIER:
+        return to_carrier(get_layer(x))
+    if category(x) != LAYER:
+        return x  # an AutoModule: a node of its own
+    spec = fields_of(type(x))
+    install_flatten(spec)
+    carrier = carrier_class(type(x), _register_carrier)
+
+    def make(layer: Any) -> Any:
+        return new_carrier(carrier, spec.flatten(layer), layer)
+
+    spec.general_carrier = make
+    return _carried.setdefault(type(x), make)(x)
+
+
+# Per carried layer class (a few `eqx.nn` classes): what makes a layer's carrier.
+_carried: dict[type, Callable[[Any], Any]] = {}
+
+
+def _register_carrier(carrier: type, layer_class: type) -> None:
+    """Makes the new carrier class `carrier` a pytree node, whose unflatten gives a
+    `layer_class` layer."""
+    _registered_unflatten[layer_class] = unflatten_dispatcher(layer_class, unflatten)
+    jtu.register_pytree_with_keys(
+        carrier,
+        with_keys(get_flat),
+        functools.partial(_registered_unflatten[layer_class], layer_class),
+        flatten_func=get_flat,
+    )
+
+
+def with_keys(
+    flatten_one: Callable[[Any], tuple[tuple[Any, ...], Aux]],
+) -> Callable[[Any], tuple[tuple[tuple[Any, Any], ...], Aux]]:
+    """The flatten-with-keys of a node whose flatten is `flatten_one`."""
+
+    def flatten_with_keys(obj: Any) -> tuple[tuple[tuple[Any, Any], ...], Aux]:
+        children, aux = flatten_one(obj)
+        return tuple(zip(aux[0].child_keys, children)), aux
+
+    return flatten_with_keys
+
+
+def unflatten(cls: type, aux: Aux, children: Any) -> Any:
+    """A new `cls` instance whose attributes are the values `aux` and `children`
+    stand for. One unflattened from leaves that are not all arrays is a template."""
+    plan = aux[0]
+    obj = _object_new(cls)
+    attrs = _object_getattribute(obj, "__dict__")
+    if plan.order is not None:
+        if type(children) is not tuple:
+            children = tuple(children)
+        attrs.update(zip(plan.names, plan.order(children + aux)))
+    else:
+        _fill(plan, attrs, aux, children)
+    if plan.exposed or not (
+        real_types.issuperset(map(type, children)) or real_items(children)
+    ):
+        settle(obj, attrs, aux, children)
+    elif plan.order is not None and cls not in _fast_unflattens:
+        _install_fast_unflatten(cls, plan, children)
+    if plan.counted and plan.last_aux_id != id(aux):
+        _noted(cls, aux, children)
+    return obj
+
+
+def _noted(cls: type, aux: Aux, children: Any) -> None:
+    """The aux of a plan holding static numbers or functions is not the last one
+    met: while tracing, `_retrace` looks into it."""
+    if _retrace.is_traced(children):
+        aux[0].last_aux_id = id(aux)
+        _retrace.note_new_aux(cls, aux)
+
+
+# The classes whose registered unflatten is generated for a plan (`_generated`).
+_fast_unflattens: "weakref.WeakSet[type]" = weakref.WeakSet()
+
+
+def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
+    """Gives the registered unflatten of `cls` the code generated for `plan`, the
+    first met with children of concrete arrays (not a trace's)."""
+    registered = _registered_unflatten.get(cls)
+    if registered is None or any(issubclass(type(c), Tracer) for c in children):
+        return
+    _fast_unflattens.add(cls)
+    namespace = {
+        "general": unflatten,
+        "new": _object_new,
+        "settle": settle,
+        "real": real_types,
+        "real_items": real_items,
+        "noted": _noted,
+    }
+    specialise(registered, fast_unflatten(cls, plan, namespace))
+
+
+def _fill(plan: Plan, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
+    """Puts the attribute values into `attrs`, in field order."""
+    c, e = 0, 1
+    for name, kind in zip(plan.names, plan.kinds):
+        if kind == CHILD:
+            value = children[c]
+            c += 1
+        elif kind == STATIC:
+            value = value_of(STATIC, None, aux[e])
+            e += 1
+        else:
+            value = aux[e].fill(children[c])
+            c, e = c + 1, e + 1
+        if value is not UNSET:
+            attrs[name] = value
+
+
+def flatten_functions(cls: type) -> FlattenFunctions:
+    """Flatten, flatten-with-keys and unflatten for the new AutoModule class `cls`
+    (Equinox registers them, with `cls` as the unflatten's first argument)."""
+    spec = fields_of(cls)
+    install_flatten(spec)
+    spec.flatten = _registered[cls] = dispatcher(cls, spec.general_flatten)
+    _registered_unflatten[cls] = unflatten_dispatcher(cls, unflatten)
+    return spec.flatten, with_keys(spec.flatten), _registered_unflatten[cls]
+
+
+# The flatten JAX holds for each AutoModule class, and the unflatten for each
+# AutoModule and carried layer class, specialised in place.
+_registered: "weakref.WeakKeyDictionary[type, Callable[[Any], Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+_registered_unflatten: "weakref.WeakKeyDictionary[type, Callable[..., Any]]" = (
+    weakref.WeakKeyDictionary()
+)

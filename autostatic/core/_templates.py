@@ -1,0 +1,124 @@
+"""Templates: instances unflattened from leaves that are not all arrays.
+
+A node's flatten is the split of what its fields hold now (`_node`), but JAX's pytree
+contract asks more of a node unflattened from any leaves: flattened again, it has the
+same structure, whatever it holds (a tree of `0`s as a vmap `in_axes`, of
+`ShapeDtypeStruct`s, of bools as a filter spec, of names as orbax makes them; deciding
+from such leaves is what inox abandoned). Such an instance is a *template*: it
+flattens as the aux and children it was unflattened with. It is told apart when
+unflattened: a child's leaf that is no array (or a mixed field's array turned into
+`None`). The exposed form (`_exposed`) is a template whose plan makes every field a
+child.
+"""
+
+import operator
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+
+from ._carriers import layer_of
+from ._leaves import CARRIER, category, CONTAINER, NODES, REAL, real_types, stops
+from ._split import CHILD, Holes, MIXED, STATIC
+
+Aux = tuple
+
+
+def real_items(children: Any) -> bool:
+    """Whether each child is of a type a real model holds, or a list or tuple of
+    such items (a stack of layers)."""
+    for child in children:
+        kind = type(child)
+        if kind in real_types:
+            continue
+        if kind is not list and kind is not tuple:
+            return False
+        if not real_types.issuperset(map(type, child)):
+            return False
+    return True
+
+
+def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
+    """For an instance whose children are not all of types a real model holds:
+    carriers an `is_leaf` tree_map gave back become their layers, and if a leaf of
+    the children is still not an array, the instance is a template."""
+    leaves = jtu.tree_leaves(children, is_leaf=stops)
+    if any(category(x) == CARRIER for x in leaves):
+        for name, kind in zip(aux[0].names, aux[0].kinds):
+            if kind != STATIC and name in attrs:
+                attrs[name] = jtu.tree_map(layer_of, attrs[name], is_leaf=stops)
+    if (
+        aux[0].exposed
+        or not all(category(x) in REAL for x in leaves)
+        or _holes_lost(aux, children)
+    ):
+        remember_template(obj, aux, children)
+
+
+def _holes_lost(aux: Aux, children: tuple[Any, ...]) -> bool:
+    """Whether a mixed field's child holds `None` where its value held an array (a
+    tree mapped to `None`s): decided from its value, the field would lose those
+    leaves from its structure, where the tree must keep the model's."""
+    c, e = 0, 1
+    for kind in aux[0].kinds:
+        if kind == MIXED and type(aux[e]) is Holes:
+            treedef, positions = aux[e][0], aux[e][1]
+            try:
+                parts = treedef.flatten_up_to(children[c])
+            except (ValueError, TypeError):
+                return True
+            if any(x is None for i, x in enumerate(parts) if i not in positions):
+                return True
+        c += kind != STATIC
+        e += kind != CHILD
+    return False
+
+
+# Templates, by id: each with a weak reference to it, and the aux and children it
+# flattens as.
+templates: dict[int, tuple["weakref.ref[Any]", Aux, tuple[Any, ...]]] = {}
+
+
+def template_aux(obj: Any) -> Aux | None:
+    """The aux a template flattens as; None for any other instance."""
+    template = templates.get(id(obj))
+    return template[1] if template is not None and template[0]() is obj else None
+
+
+def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
+    """Makes `obj` flatten as `aux` and `children`, whatever it holds, while it
+    lives: a tree mapped from a model keeps the model's structure, exactly (JAX's
+    pytree contract), even where it holds other values in the holes of a mixed
+    field."""
+    key = id(obj)
+    try:
+        ref = weakref.ref(obj, lambda _: templates.pop(key, None))
+    except TypeError:  # not weakly referenceable: flattened from its values
+        return
+    templates[key] = (ref, aux, tuple(children))
+
+
+def flatten_template(
+    template: tuple[Any, Aux, tuple[Any, ...]], node_child: Callable[[Any], Any]
+) -> tuple[tuple[Any, ...], Aux]:
+    """The node of a template: as it was unflattened, whatever it holds now (its
+    layers made carriers again, unless it is in the exposed form)."""
+    _, aux, children = template
+    if aux[0].exposed:
+        return children, aux
+    return tuple(_with_nodes(c, node_child) for c in children), aux
+
+
+def _with_nodes(value: Any, node_child: Callable[[Any], Any]) -> Any:
+    """`value` with each node item in it as `node_child` gives it: the value itself
+    if that changes none (it is then a node of the pytree, as `eqx.tree_at` needs)."""
+    if category(value) in NODES:
+        return node_child(value)
+    if category(value) != CONTAINER:
+        return value
+    leaves, treedef = jtu.tree_flatten(value, is_leaf=stops)
+    given = [node_child(x) if stops(x) else x for x in leaves]
+    if all(map(operator.is_, given, leaves)):
+        return value
+    return treedef.unflatten(given)
