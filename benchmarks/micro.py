@@ -88,8 +88,8 @@ def generated_flatten(rounds: int = 15) -> None:
     linear = fields_of(eqx.nn.Linear)
     made = _node._carried[eqx.nn.Linear]  # the generated carrier maker
 
-    def each(function: Callable[[Any], Any], of: list[Any]) -> Callable[[], None]:
-        return lambda: [function(x) for x in of] and None
+    def each(function: Callable[[Any], Any], of: list[Any]) -> Callable[[], Any]:
+        return lambda: [function(x) for x in of]
 
     samples = run_interleaved(
         {

@@ -56,6 +56,7 @@ from . import (
     registry,
     report,
     retracing,
+    scaling,
     scenarios as S,
     serialisation,
 )
@@ -563,6 +564,20 @@ def _plan_real_models(run: Run) -> list[Step]:
     ]
 
 
+def _plan_scaling(run: Run) -> list[Step]:
+    """Both kinds of layer at every depth, in one step."""
+    budget = run.settings.group_budget_s
+    sizes = run.settings.scaling_sizes
+    return [
+        Step(
+            f"scaling: {', '.join(map(str, sizes))} layers, own and eqx.nn",
+            lambda: scaling.scaling(run.settings),
+            run.store("scaling"),
+            None if budget is None else 2 * len(sizes) * budget,
+        )
+    ]
+
+
 def _plan_construction(run: Run) -> list[Step]:
     """Building, tracing, and trace + compile of diffrax / optimistix stock vs
     rebased (own processes), each a step of its own."""
@@ -623,6 +638,11 @@ SECTIONS: dict[str, Section] = {
     ),
     "real_models": Section(
         "eqx.nn layers inside user modules", {"real_models": None}, _plan_real_models
+    ),
+    "scaling": Section(
+        "16 to 4,096 layers of the user's own and of eqx.nn, with memory",
+        {"scaling": None},
+        _plan_scaling,
     ),
     "construction": Section(
         "building, tracing and compiling (diffrax / optimistix rebased in own "

@@ -453,6 +453,30 @@ class SectionError(TypedDict):
     error: str
 
 
+# --------------------------------------------------------------------------------------
+# `scaling`.
+# --------------------------------------------------------------------------------------
+
+
+class ScalingDepth(TypedDict):
+    """One depth of one kind of layer: per `"<impl>|<op>"` the time of one call (µs),
+    per op AutoModule's paired ratio to the fair twin, and the Python bytes one model
+    keeps per implementation, with their ratio."""
+
+    us: dict[str, Stat]
+    ratios: dict[str, Ratio]
+    memory_bytes: dict[str, float]
+    memory_ratio: float
+
+
+class Scaling(TypedDict):
+    """`kinds`: `"own"` (the user's own AutoModule layers) and `"eqx.nn"`, each by
+    depth (as a string)."""
+
+    sizes: list[int]
+    kinds: dict[str, dict[str, ScalingDepth]]
+
+
 class Results(TypedDict):
     """The whole `results.json`. A section that did not run (`--only`) is absent;
     one that ran but failed is `None` (or, for the per-model sections, empty)."""
@@ -469,6 +493,7 @@ class Results(TypedDict):
     serialisation: NotRequired[Serialisation | None]
     real_models: NotRequired[RealModels | None]
     construction: NotRequired[Construction]
+    scaling: NotRequired[Scaling | None]
     targets: list[Target]
     errors: list[SectionError]
     plots: NotRequired[list[str]]

@@ -48,6 +48,9 @@ class Settings:
     # this many fresh compiles per workload.
     ecosystem_processes: int
     ecosystem_reps: int
+    # The depths of the scaling section (its rounds and budget: `rounds`,
+    # `group_budget_s`).
+    scaling_sizes: tuple[int, ...]
 
 
 MODES: dict[str, Settings] = {
@@ -78,6 +81,7 @@ MODES: dict[str, Settings] = {
         trace_reps=1,
         ecosystem_processes=1,
         ecosystem_reps=1,
+        scaling_sizes=(16, 64),
     ),
     "quick": Settings(
         mode="quick",
@@ -106,6 +110,7 @@ MODES: dict[str, Settings] = {
         trace_reps=5,
         ecosystem_processes=3,
         ecosystem_reps=3,
+        scaling_sizes=(16, 256, 4096),
     ),
     "full": Settings(
         mode="full",
@@ -134,5 +139,6 @@ MODES: dict[str, Settings] = {
         trace_reps=15,
         ecosystem_processes=5,
         ecosystem_reps=5,
+        scaling_sizes=(16, 64, 256, 1024, 4096),
     ),
 }

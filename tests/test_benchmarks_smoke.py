@@ -40,6 +40,7 @@ def test_runner_smoke_mode_writes_results(
     _check_sections(results, text)
     _check_real_models(results, text)
     _check_construction(results, text)
+    _check_scaling(results, text)
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
@@ -53,6 +54,24 @@ def test_runner_smoke_mode_writes_results(
     _check_both_baselines(results, text)
     _check_retrace_contrasts(results, text)
     _check_summary(results, text, tmp_path)
+
+
+def _check_scaling(results: dict[str, Any], text: str) -> None:
+    """Both kinds of layer at every depth, each operation paired with the fair twin,
+    memory per model, the table and the verdict's lines of the user's own layers."""
+    scaling = results["scaling"]
+    assert set(scaling["kinds"]) == {"own", "eqx.nn"}
+    for depths in scaling["kinds"].values():
+        assert list(depths) == [str(n) for n in scaling["sizes"]]
+        for d in depths.values():
+            assert set(d["ratios"]) == {"flatten", "unflatten_read", "dispatch"}
+            assert d["memory_bytes"]["autostatic"] > 0
+            assert d["memory_ratio"] == pytest.approx(
+                d["memory_bytes"]["autostatic"] / d["memory_bytes"]["eqx-static"]
+            )
+    assert "### Scaling: 16 to 4,096 layers" in text
+    assert "of an MLP of the user's own AutoModule layers" in text
+    assert "Python memory per model <= 1.25x eqx-static" in text
 
 
 def _check_format(results: dict[str, Any]) -> None:

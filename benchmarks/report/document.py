@@ -5,6 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..schema import Results
+from .scaling import scaling_section
 from .summary import summary_section, verdict_section
 from .tables import (
     async_section,
@@ -42,6 +43,7 @@ PARTS: tuple[tuple[str, Callable[[Any], list[str]]], ...] = (
     ("training", training_section),
     ("serialisation", serialisation_section),
     ("real_models", real_models_section),
+    ("scaling", scaling_section),
     ("construction", construction_section),
     ("errors", errors_section),
 )

@@ -7,7 +7,6 @@ Both read across sections; the per-section tables are in `tables`.
 """
 
 import os
-from typing import NamedTuple
 
 from ..schema import (
     Construction,
@@ -19,6 +18,7 @@ from ..schema import (
     Training,
     TreeOpsGroup,
 )
+from .claims import Claim, format_span, group_by_speed, SAME_WITHIN, SPEED_GROUPS
 from .format import (
     AUTO_JIT,
     EQX_FILTER_FILTER,
@@ -28,6 +28,7 @@ from .format import (
     OP_LABELS,
     table,
 )
+from .scaling import scaling_claims
 from .tables import retrace_text, retrace_verdict, scale_variants
 from .targets import choose_depth
 
@@ -100,45 +101,6 @@ VERDICT_OPS: tuple[tuple[str, str], ...] = (
     ("unflatten_read", "unflattening a model and reading every field"),
     ("build", "building a model around made layers"),
 )
-SAME_WITHIN = 1.05  # a ratio within this factor of 1 counts as the same speed
-
-
-SPEED_GROUPS = (
-    "Faster",
-    "Faster or the same",
-    "The same",
-    "Mixed",
-    "Slower or the same",
-    "Slower",
-)
-
-
-def group_by_speed(ratios: list[float]) -> str:
-    """Where time ratios (below 1 is faster) put an operation, judged on every model."""
-    faster, slower = 1 / SAME_WITHIN, SAME_WITHIN
-    if max(ratios) < faster:
-        return "Faster"
-    if min(ratios) > slower:
-        return "Slower"
-    if max(ratios) <= slower:
-        return "Faster or the same" if min(ratios) < faster else "The same"
-    return "Slower or the same" if min(ratios) >= faster else "Mixed"
-
-
-def format_span(values: list[float]) -> str:
-    """`1.20x`, or `0.90-1.20x` from the lowest to the highest value."""
-    low, high = min(values), max(values)
-    return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
-
-
-class Claim(NamedTuple):
-    """What the verdict says of one operation: its time ratios against `reference`
-    (the fair twin unless said), and the rest in words."""
-
-    what: str
-    ratios: list[float]
-    rest: str
-    reference: str = "the fair twin's time"
 
 
 def _collect_real_claims(real: RealModels) -> list[Claim]:
@@ -146,9 +108,8 @@ def _collect_real_claims(real: RealModels) -> list[Claim]:
     claims = []
     models = list(real["models"])
     for op, what in VERDICT_OPS:
-        fair = [
-            r["median"] for m in models if (r := find_fair_twin_ratio(real, m, op)[0])
-        ]
+        found = [r for m in models if (r := find_fair_twin_ratio(real, m, op)[0])]
+        fair = [r["median"] for r in found]
         filtered = [
             r["median"]
             for m in models
@@ -159,7 +120,8 @@ def _collect_real_claims(real: RealModels) -> list[Claim]:
             versus = (
                 f"{format_span(filtered)} under `eqx.filter_jit`" if filtered else ""
             )
-            claims.append(Claim(what, fair, f"{versus}; on {where}"))
+            spreads = [(r["q1"], r["q3"]) for r in found]
+            claims.append(Claim(what, fair, f"{versus}; on {where}", spreads=spreads))
     return claims
 
 
@@ -173,7 +135,25 @@ def _make_training_claim(training: dict[str, Training]) -> Claim | None:
     if not fair:
         return None
     versus = f"{format_span(filtered)} under `eqx.filter_jit`" if filtered else ""
-    return Claim("a training step", fair, f"{versus}; on {', '.join(models)}")
+    spreads = [s for m in models if (s := _step_time_spread(training, m, FAIR_TWIN))]
+    return Claim(
+        "a training step",
+        fair,
+        f"{versus}; on {', '.join(models)}",
+        spreads=spreads if len(spreads) == len(fair) else None,
+    )
+
+
+def _step_time_spread(
+    training: dict[str, Training], model: str, ref: str
+) -> tuple[float, float] | None:
+    """The interquartile range of the step-time ratio: that of the paired throughput
+    ratio, inverted."""
+    entry = training.get(model, {}).get("variants", {}).get(AUTO_JIT, {})
+    r = entry.get("throughput_ratios", {}).get(ref)
+    if not r or not r.get("q1") or not r.get("q3"):
+        return None
+    return 1.0 / r["q3"], 1.0 / r["q1"]
 
 
 def _construction_claims(cons: Construction) -> list[Claim]:
@@ -237,7 +217,13 @@ def collect_verdict_claims(results: Results) -> list[Claim]:
     claim = _make_training_claim(training) if training else None
     cons = results.get("construction")
     more = _construction_claims(cons) if cons else []
-    return ([claim] if claim else []) + claims + more
+    scaled = results.get("scaling")
+    return (
+        ([claim] if claim else [])
+        + claims
+        + (scaling_claims(scaled) if scaled else [])
+        + more
+    )
 
 
 def verdict_section(results: Results) -> list[str]:
@@ -252,7 +238,7 @@ def verdict_section(results: Results) -> list[str]:
             f"{claim.what}: {format_span(claim.ratios)} {claim.reference} "
             f"({claim.rest})"
         )
-        groups.setdefault(group_by_speed(claim.ratios), []).append(entry)
+        groups.setdefault(group_by_speed(claim.ratios, claim.spreads), []).append(entry)
     lines = [
         "### Verdict",
         "",

@@ -691,6 +691,7 @@ def construction_targets(cons: Construction | None) -> list[Target]:
 
 # Each section's rule, in the order the targets are listed.
 TARGET_RULES: dict[str, Callable[[Results], list[Target]]] = {
+    "scaling": lambda results: _scaling_targets(results),
     "tree_ops": tree_ops_targets,
     "retracing": retracing_targets,
     "first_call": first_call_targets,
@@ -708,6 +709,12 @@ def _withhold_judgement(target: Target) -> None:
     info = INFO_PREFIX if target["status"].startswith(INFO_PREFIX) else ""
     if target["status"].removeprefix(info) in (MET, MISSED):
         target["status"] = info + NOT_JUDGED
+
+
+def _scaling_targets(results: Results) -> list[Target]:
+    from .scaling import scaling_targets  # the scaling report builds on this module
+
+    return scaling_targets(results)
 
 
 def evaluate_targets(
