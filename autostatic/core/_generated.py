@@ -83,24 +83,43 @@ def specialise(function: Callable[..., Any], fast: Callable[..., Any]) -> None:
     function.__source__ = fast.__source__  # pyright: ignore[reportFunctionMemberAccess]  # set by `_compiled`
 
 
+# How the generated flatten takes each field (`fast_flatten`'s `modes`).
+CHILD: Final = "child"  # the value is a child
+KEPT: Final = "kept"  # the value is a static entry, as it is
+SEQUENCE: Final = "sequence"  # a list or tuple of ints, bools, strings: a `StaticSeq`
+
+
 def fast_flatten(
     owner: type,
     names: tuple[str, ...],
     types: tuple[type, ...],
-    taken: tuple[bool, ...],
+    modes: tuple[str, ...],
     namespace: dict[str, Any],
     carrier: bool = False,
 ) -> Callable[[Any], Any]:
     """The flatten of `owner` (fields `names`) for instances whose field values have
-    exactly `types`: the fields `taken` are the children, the others static entries
-    of the aux `namespace["plan"]` starts. `namespace` holds the names the code reads:
+    exactly `types`, each field taken as its mode says (`CHILD`, `KEPT`, or a
+    `SEQUENCE`, whose items' types are checked too), the static entries after the
+    plan `namespace["plan"]`. `namespace` holds the names the code reads:
     `templates`, `general`, `read`, `plan`, `aux` (the aux of a node without
-    entries) and `get_dict` (the `__dict__` of an instance whose class has a Python
-    `__getattribute__`). With `carrier`, it returns the layer's carrier instead of
+    entries), `get_dict` (the `__dict__` of an instance whose class has a Python
+    `__getattribute__`), `raw` (the item types of a sequence) and `sequence`
+    (`_split.StaticSeq`). With `carrier`, it returns the layer's carrier instead of
     its node (`namespace` then also holds `new` and `carrier_class`)."""
     values = [f"v{i}" for i in range(len(names))]
-    entries = [v for v, t in zip(values, taken) if not t]
+    entries = [
+        v if mode == KEPT else f"sequence((t{i}, s{i}, *{v}))"
+        for i, (v, mode) in enumerate(zip(values, modes))
+        if mode != CHILD
+    ]
+    checks = [f"type({v}) is t{i}" for i, v in enumerate(values)]
+    checks += [
+        f"raw.issuperset(s{i} := tuple(map(type, {v}))) and s{i}"
+        for i, (v, mode) in enumerate(zip(values, modes))
+        if mode == SEQUENCE
+    ]
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
+    taken = [mode == CHILD for mode in modes]
     children = "".join(f"{v}, " for v, t in zip(values, taken) if t)
     children = "values" if all(taken) else f"({children})"  # the tuple read, or part
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
@@ -112,7 +131,7 @@ def fast_flatten(
         entries=[n for n, t in zip(names, taken) if not t],
         unpack="".join(f"{v}, " for v in values),
         dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
-        checks=" and ".join(f"type({v}) is t{i}" for i, v in enumerate(values)),
+        checks=" and ".join(checks),
         finish=finish.format(children=children, aux=aux),
     )
     scope = {**namespace, **{f"t{i}": t for i, t in enumerate(types)}}

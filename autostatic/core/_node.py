@@ -13,7 +13,7 @@ exception is a template (`_templates`). Unflatten fills the attributes in at onc
 import functools
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import jax.tree_util as jtu
 from jax.core import Tracer
@@ -30,9 +30,12 @@ from ._carriers import (
 )
 from ._fields import fields_of, FieldSpec
 from ._generated import (
+    CHILD as CHILD_MODE,
     dispatcher,
     fast_flatten,
     fast_unflatten,
+    KEPT,
+    SEQUENCE,
     specialise,
     unflatten_dispatcher,
 )
@@ -51,8 +54,9 @@ from ._plan import (
     TAKE,
     UNSET,
     values_while_built,
+    WHOLE,
 )
-from ._split import CHILD, split, STATIC, value_of
+from ._split import CHILD, RAW, split, STATIC, StaticSeq, value_of
 from ._templates import flatten_template, real_items, settle, templates
 
 _object_getattribute = object.__getattribute__
@@ -70,51 +74,65 @@ def install_flatten(spec: FieldSpec) -> None:
     spec.flatten = spec.general_flatten = _general_flatten(spec)
 
 
-def _install_fast(spec: FieldSpec, signature: Signature, types: tuple[type, ...]):
+def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux):
     """Replaces the class's flatten (the carrier maker of a layer class) by one
-    generated for these field types, the first met of concrete arrays and static
-    values taken and kept as they are."""
-    if spec.specialised or not spec.names:
+    generated for these field types, the first met of concrete arrays, static
+    values kept as they are and lists or tuples of ints, bools and strings, with
+    the plan of this instance's `aux`."""
+    plan = aux[0]
+    if spec.specialised or not spec.names or spec.signatures.get(types) is None:
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return
+    modes = _modes(spec, spec.signatures[types], values)
+    if modes is None:
+        return
     spec.specialised = True
-    taken = tuple(a == TAKE for a in signature.actions)
+    namespace = {
+        "templates": templates,
+        "read": spec.read,
+        "plan": plan,
+        "aux": (plan,),
+        "get_dict": _object_getattribute,
+        "raw": RAW,
+        "sequence": StaticSeq,
+    }
     registered = _registered.get(spec.owner)
     if registered is None:  # a layer class: what `to_carrier` calls
-        _carried[spec.owner] = _carrier_maker(spec, signature, types, taken)
+        namespace["general"] = spec.general_carrier
+        namespace["new"] = _object_new
+        namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
+        fast = fast_flatten(spec.owner, spec.names, types, modes, namespace, True)
+        _carried[spec.owner] = fast
         return
-    namespace = _generated_names(spec, signature, spec.general_flatten)
+    namespace["general"] = spec.general_flatten
     specialise(
-        registered, fast_flatten(spec.owner, spec.names, types, taken, namespace)
+        registered, fast_flatten(spec.owner, spec.names, types, modes, namespace)
     )
 
 
-def _generated_names(
-    spec: FieldSpec, signature: Signature, general: Callable[[Any], Any]
-) -> dict[str, Any]:
-    """The names a generated flatten reads (`_generated.fast_flatten`)."""
-    return {
-        "templates": templates,
-        "general": general,
-        "read": spec.read,
-        "plan": signature.plan,
-        "aux": signature.aux,
-        "get_dict": _object_getattribute,
-    }
-
-
-def _carrier_maker(
-    spec: FieldSpec,
-    signature: Signature,
-    types: tuple[type, ...],
-    taken: tuple[bool, ...],
-) -> Callable[[Any], Any]:
-    """What makes the carriers of `spec`'s layer class, generated for these types."""
-    namespace = _generated_names(spec, signature, spec.general_carrier)
-    namespace["new"] = _object_new
-    namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
-    return fast_flatten(spec.owner, spec.names, types, taken, namespace, True)
+def _modes(
+    spec: FieldSpec, signature: Signature, values: tuple[Any, ...]
+) -> tuple[str, ...] | None:
+    """How the generated flatten takes each field (`_generated`), or None if a field
+    is none of the modes it has."""
+    modes = []
+    for action, value, array_field in zip(signature.actions, values, spec.array_fields):
+        if action == TAKE:
+            modes.append(CHILD_MODE)
+        elif action == KEEP:
+            modes.append(KEPT)
+        elif (
+            action in (SPLIT, WHOLE)
+            and type(value) in (list, tuple)
+            and value
+            and not (array_field and action == SPLIT)
+            and RAW.issuperset(map(type, value))
+        ):
+            modes.append(SEQUENCE)
+        else:
+            return None
+    return tuple(modes)
 
 
 def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], Aux]]:
@@ -141,15 +159,17 @@ def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], 
         signature = signatures.get(types)
         if signature is None:
             signature = new_signature(spec, types, values)
-            if signature.children is not None:
-                _install_fast(spec, signature, types)
         children = signature.children
         if children is None:
-            return _flatten_by_actions(spec, signature, values)
-        aux = signature.aux
-        if aux is None:
-            aux = (signature.plan, *signature.entries(values))  # pyright: ignore[reportOptionalCall]  # set with `children`
-        return children(values), aux
+            node = _flatten_by_actions(spec, signature, values)
+        else:
+            aux = signature.aux
+            if aux is None:
+                aux = (signature.plan, *signature.entries(values))  # pyright: ignore[reportOptionalCall]  # set with `children`
+            node = children(values), aux
+        if not spec.specialised:
+            _install_fast(spec, values, types, node[1])
+        return node
 
     return flatten_one
 
@@ -178,9 +198,16 @@ def _flatten_by_actions(
     plan = signature.plan
     if plan is None:
         kinds = tuple(kinds)
-        partial = any(v is UNSET for v in values)
-        plan = plan_for(spec, kinds, entry_types(kinds, entries), False, partial)
+        plan = signature.resolved.get(kinds)
+        if plan is None:
+            types = entry_types(kinds, entries)
+            plan = plan_for(spec, kinds, types, False, signature.partial)
+            if len(signature.resolved) < _MOST_KINDS:
+                signature.resolved[kinds] = plan
     return tuple(children), (plan, *entries)
+
+
+_MOST_KINDS: Final = 64  # plans kept per signature: its split fields' kinds met
 
 
 def node_child_now() -> Callable[[Any], Any]:

@@ -196,10 +196,19 @@ class Signature:
     the C calls that pick the children and entries, and the aux itself where there
     is no entry."""
 
-    __slots__ = ("actions", "plan", "children", "entries", "aux")
+    __slots__ = ("actions", "plan", "children", "entries", "aux", "resolved", "partial")
 
-    def __init__(self, actions: tuple[int, ...], plan: Plan | None, simple: bool):
-        self.actions, self.plan = actions, plan
+    def __init__(
+        self,
+        actions: tuple[int, ...],
+        plan: Plan | None,
+        simple: bool,
+        partial: bool = False,
+    ):
+        self.actions, self.plan, self.partial = actions, plan, partial
+        # Where a field is split: the plan of each kinds of fields met (the entry
+        # types follow from the value types and the kinds).
+        self.resolved: dict[tuple[int, ...], Plan] = {}
         self.children: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
         self.entries: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
         self.aux: Aux | None = None
@@ -246,7 +255,7 @@ def new_signature(spec: FieldSpec, types: tuple[type, ...], values: Any) -> Sign
     )
     plan = None
     if _Unset in types:  # flattened inside `__init__`: not cached
-        return Signature(actions, None, False)
+        return Signature(actions, None, False, partial=True)
     if SPLIT not in actions:
         kinds = tuple(CHILD if a in (TAKE, CARRY) else STATIC for a in actions)
         entries = [entry_of(a, v) for a, v in zip(actions, values) if a >= KEEP]

@@ -145,6 +145,9 @@ def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     return _split_tree(value, array_field, node_child)
 
 
+# Item types that are their own static values, whatever the value (`_static.hold`).
+RAW: Final = frozenset({int, bool, str, bytes})
+
 # Item categories that make a list a child as it is, whatever its length: decided from
 # the set of its item types, in C.
 _AS_IS: Final = frozenset({ARRAY, NONE, NODE})
@@ -153,6 +156,9 @@ _AS_IS: Final = frozenset({ARRAY, NONE, NODE})
 def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """`split` for a list or tuple; one whose items hold containers takes the
     general path."""
+    types = tuple(map(type, value))
+    if types and not array_field and RAW.issuperset(types):  # sizes, names
+        return STATIC, None, StaticSeq((type(value), types, *value))
     cats = item_categories(value)
     if _AS_IS.issuperset(cats):
         return CHILD, value, None
