@@ -86,7 +86,32 @@ def specialise(function: Callable[..., Any], fast: Callable[..., Any]) -> None:
 # How the generated flatten takes each field (`fast_flatten`'s `modes`).
 CHILD: Final = "child"  # the value is a child
 KEPT: Final = "kept"  # the value is a static entry, as it is
+FLOAT: Final = "float"  # a static float, held exactly if a zero or NaN
 SEQUENCE: Final = "sequence"  # a list or tuple of ints, bools, strings: a `StaticSeq`
+CARRIED: Final = "carried"  # an `eqx.nn` layer: the child is its carrier
+LAYERS: Final = "layers"  # a list or tuple of `eqx.nn` layers: of their carriers
+# A list or tuple of `ITEM_*` items, those of each kind at fixed places (a block's
+# `[Linear, relu, Linear, Dropout]`): the child and a `FlatHoles` picked by place.
+ITEMS: Final = "items"
+ITEM_CHILD, ITEM_CARRIED, ITEM_STATIC = "child", "carried", "static"
+
+# The child expression of each mode with a child, the entry expression of each mode
+# with an entry, and the check beyond the value's type, by mode (`v` the value, `t`
+# its type, `s` the types of its items).
+_CHILDREN: Final = {
+    CHILD: "{v}",
+    CARRIED: "carried[{t}]({v})",
+    LAYERS: "{t}(map(carried[{s}.pop()] if len({s}) == 1 else carry, {v}))",
+}
+_ENTRIES: Final = {
+    KEPT: "{v}",
+    FLOAT: "({v} if {v} == {v} and {v} != 0 else hold({v}))",
+    SEQUENCE: "sequence(({t}, {s}, *{v}))",
+}
+_CHECKS: Final = {
+    SEQUENCE: "raw.issuperset({s} := tuple(map(type, {v}))) and {s}",
+    LAYERS: "{v} and carried.keys() >= ({s} := set(map(type, {v})))",
+}
 
 
 def fast_flatten(
@@ -96,47 +121,87 @@ def fast_flatten(
     modes: tuple[str, ...],
     namespace: dict[str, Any],
     carrier: bool = False,
+    items: dict[int, tuple[tuple[str, type], ...]] | None = None,
 ) -> Callable[[Any], Any]:
     """The flatten of `owner` (fields `names`) for instances whose field values have
-    exactly `types`, each field taken as its mode says (`CHILD`, `KEPT`, or a
-    `SEQUENCE`, whose items' types are checked too), the static entries after the
-    plan `namespace["plan"]`. `namespace` holds the names the code reads:
-    `templates`, `general`, `read`, `plan`, `aux` (the aux of a node without
-    entries), `get_dict` (the `__dict__` of an instance whose class has a Python
-    `__getattribute__`), `raw` (the item types of a sequence) and `sequence`
-    (`_split.StaticSeq`). With `carrier`, it returns the layer's carrier instead of
-    its node (`namespace` then also holds `new` and `carrier_class`)."""
-    values = [f"v{i}" for i in range(len(names))]
-    entries = [
-        v if mode == KEPT else f"sequence((t{i}, s{i}, *{v}))"
-        for i, (v, mode) in enumerate(zip(values, modes))
-        if mode != CHILD
-    ]
-    checks = [f"type({v}) is t{i}" for i, v in enumerate(values)]
-    checks += [
-        f"raw.issuperset(s{i} := tuple(map(type, {v}))) and s{i}"
-        for i, (v, mode) in enumerate(zip(values, modes))
-        if mode == SEQUENCE
-    ]
+    exactly `types`, each field taken as its mode says (`CHILD` ... `LAYERS`; the
+    items of a sequence or of layers checked too), the static entries after the plan
+    `namespace["plan"]`. `namespace` holds the names the code reads: `templates`,
+    `general`, `read`, `plan`, `aux` (the aux of a node without entries), `get_dict`
+    (the `__dict__` of an instance whose class has a Python `__getattribute__`),
+    `raw` (the item types of a sequence), `sequence` (`_split.StaticSeq`), `hold`
+    (`_static.hold`), `carry` (what makes a layer's carrier), `carried` (what
+    makes one of a layer class, by class) and `surgeries` (`_carriers.surgeries`). `items` gives, per field of mode `ITEMS`, the
+    kind and type of each item (`namespace` then also holds `flat_holes`). With
+    `carrier`, it returns the layer's carrier instead of its node (`namespace` then
+    also holds `new` and `carrier_class`)."""
+    names_of = [{"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"} for i in range(len(names))]
+    children, entries = [], []
+    checks = [f"type(v{i}) is t{i}" for i in range(len(names))]
+    for i, (mode, n) in enumerate(zip(modes, names_of)):
+        if mode == ITEMS:
+            child, entry = _items_code(i, (items or {})[i], types[i])
+            children.append(child)
+            entries.append(entry)
+            checks.append(f"tuple(map(type, v{i})) == m{i}")
+            continue
+        if mode in _CHILDREN:
+            children.append(_CHILDREN[mode].format(**n))
+        if mode in _ENTRIES:
+            entries.append(_ENTRIES[mode].format(**n))
+        if mode in _CHECKS:
+            checks.append(_CHECKS[mode].format(**n))
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
-    taken = [mode == CHILD for mode in modes]
-    children = "".join(f"{v}, " for v, t in zip(values, taken) if t)
-    children = "values" if all(taken) else f"({children})"  # the tuple read, or part
+    carries = any(m in (CARRIED, LAYERS) for m in modes) or any(
+        kind == ITEM_CARRIED for kinds in (items or {}).values() for kind, _ in kinds
+    )
+    if carries:  # in a surgery (`_carriers.layers_as_nodes`), layers are the children
+        checks.insert(0, "not surgeries[0]")
+    if all(mode == CHILD for mode in modes):
+        child_values = "values"  # the tuple read
+    else:
+        child_values = "(" + "".join(f"{c}, " for c in children) + ")"
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
     finish = _CARRIER_FINISH if carrier else "return {children}, {aux}"
     source = _TEMPLATE.format(
         qualname=owner.__qualname__,
         types=", ".join(t.__qualname__ for t in types),
-        children=[n for n, t in zip(names, taken) if t],
-        entries=[n for n, t in zip(names, taken) if not t],
-        unpack="".join(f"{v}, " for v in values),
+        children=[n for n, m in zip(names, modes) if m in _CHILDREN or m == ITEMS],
+        entries=[n for n, m in zip(names, modes) if m in _ENTRIES or m == ITEMS],
+        unpack="".join(f"v{i}, " for i in range(len(names))),
         dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
         checks=" and ".join(checks),
-        finish=finish.format(children=children, aux=aux),
+        finish=finish.format(children=child_values, aux=aux),
     )
     scope = {**namespace, **{f"t{i}": t for i, t in enumerate(types)}}
+    for i, kinds in (items or {}).items():
+        scope[f"m{i}"] = tuple(t for _, t in kinds)
+        statics = [k for k, (kind, _) in enumerate(kinds) if kind == ITEM_STATIC]
+        scope[f"p{i}"] = tuple(statics)
+        scope[f"h{i}"] = tuple(kinds[k][1] for k in statics)
     return _compiled(owner, source, scope)
 
+
+def _items_code(i: int, kinds: Any, kind: type) -> tuple[str, str]:
+    """The child and entry expressions of field `i` of mode `ITEMS`: its items by
+    place, a `None` where a static one is."""
+    parts = []
+    for k, (item, _) in enumerate(kinds):
+        if item == ITEM_CARRIED:
+            parts.append(f"carry(v{i}[{k}])")
+        elif item == ITEM_CHILD:
+            parts.append(f"v{i}[{k}]")
+        else:
+            parts.append("None")
+    display = ", ".join(parts) + ("," if len(parts) == 1 else "")
+    child = f"[{display}]" if kind is list else f"({display})"
+    statics = [f"v{i}[{k}]" for k, (item, _) in enumerate(kinds) if item == ITEM_STATIC]
+    entry = f"flat_holes((t{i}, p{i}, h{i}, {', '.join(statics)}))"
+    return child, entry
+
+
+# Static entry types that are their own attribute values (`_static.hold` wraps none).
+_RAW_TYPES: Final = frozenset({int, bool, str, bytes, type(None)})
 
 _UNFLATTEN_TEMPLATE: Final = '''\
 def unflatten(cls, aux, children):
@@ -171,23 +236,29 @@ def unflatten_dispatcher(
 def fast_unflatten(
     owner: type, plan: Any, namespace: dict[str, Any]
 ) -> Callable[..., Any]:
-    """The unflatten of `owner` for nodes of `plan` (whose static entries are their
-    own values, no field mixed): a new instance, each field stored in its attribute
-    dict in field order, the types of the children checked against those a real
-    model holds. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`
-    and `noted`."""
-    n_children = sum(kind == 0 for kind in plan.kinds)
-    children = [f"c{i}" for i in range(n_children)]
+    """The unflatten of `owner` for nodes of `plan`: a new instance, each field stored
+    in its attribute dict in field order (a child as it is, a static entry of a type
+    that is its own value as it is, any other through `static_value`, a mixed field
+    by its entry's `fill`), the types of the children checked against those a real
+    model holds. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
+    `noted` and `static_value`."""
+    children = [f"c{i}" for i, kind in enumerate(k for k in plan.kinds if k != 1)]
+    types = iter(plan.types)
     stores, c, e = [], 0, 1
     for name, kind in zip(plan.names, plan.kinds):
-        value = children[c] if kind == 0 else f"aux[{e}]"
-        c, e = c + (kind == 0), e + (kind != 0)
+        if kind == 0:  # a child
+            value, c = children[c], c + 1
+        elif kind == 1:  # a static entry
+            raw = next(types) in _RAW_TYPES
+            value, e = (f"aux[{e}]" if raw else f"static_value(aux[{e}])"), e + 1
+        else:  # mixed
+            value, c, e = f"aux[{e}].fill({children[c]})", c + 1, e + 1
         stores.append(f"    attrs[{name!r}] = {value}")
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     source = _UNFLATTEN_TEMPLATE.format(
         qualname=owner.__qualname__,
         plan=repr(plan),
-        children=[n for n, k in zip(plan.names, plan.kinds) if k == 0],
+        children=[n for n, k in zip(plan.names, plan.kinds) if k != 1],
         entries=list(plan.entry_names),
         unpack="".join(f"{v}, " for v in children) or "()",
         dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",

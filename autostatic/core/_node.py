@@ -27,24 +27,43 @@ from ._carriers import (
     in_surgery,
     layer_of,
     new_carrier,
+    surgeries,
 )
 from ._fields import fields_of, FieldSpec
 from ._generated import (
+    CARRIED,
     CHILD as CHILD_MODE,
     dispatcher,
     fast_flatten,
     fast_unflatten,
+    FLOAT,
+    ITEM_CARRIED,
+    ITEM_CHILD,
+    ITEM_STATIC,
+    ITEMS,
     KEPT,
+    LAYERS,
     SEQUENCE,
     specialise,
     unflatten_dispatcher,
 )
-from ._leaves import CARRIER, category, LAYER, real_types
+from ._leaves import (
+    ARRAY,
+    CARRIER,
+    category,
+    LAYER,
+    NODE,
+    NONE,
+    NUMBER,
+    real_types,
+    STATIC as STATIC_CATEGORY,
+)
 from ._plan import (
     Aux,
     CARRY,
     entry_of,
     entry_types,
+    HOLD,
     KEEP,
     new_signature,
     Plan,
@@ -56,7 +75,8 @@ from ._plan import (
     values_while_built,
     WHOLE,
 )
-from ._split import CHILD, RAW, split, STATIC, StaticSeq, value_of
+from ._split import CHILD, FlatHoles, RAW, split, STATIC, StaticSeq, value_of
+from ._static import hold
 from ._templates import flatten_template, real_items, settle, templates
 
 _object_getattribute = object.__getattribute__
@@ -80,13 +100,16 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     values kept as they are and lists or tuples of ints, bools and strings, with
     the plan of this instance's `aux`."""
     plan = aux[0]
-    if spec.specialised or not spec.names or spec.signatures.get(types) is None:
+    signature = spec.signatures.get(types)
+    if spec.specialised or not spec.names or signature is None or signature.tried:
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return
-    modes = _modes(spec, spec.signatures[types], values)
-    if modes is None:
+    signature.tried = True  # once: the modes follow from the types, mostly
+    found = _modes(spec, signature, values)
+    if found is None:
         return
+    modes, items = found
     spec.specialised = True
     namespace = {
         "templates": templates,
@@ -96,43 +119,98 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "get_dict": _object_getattribute,
         "raw": RAW,
         "sequence": StaticSeq,
+        "hold": hold,
+        "carry": to_carrier,
+        "carried": _carried,
+        "flat_holes": FlatHoles,
+        "surgeries": surgeries,
     }
     registered = _registered.get(spec.owner)
     if registered is None:  # a layer class: what `to_carrier` calls
         namespace["general"] = spec.general_carrier
         namespace["new"] = _object_new
         namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
-        fast = fast_flatten(spec.owner, spec.names, types, modes, namespace, True)
+        fast = fast_flatten(
+            spec.owner, spec.names, types, modes, namespace, True, items
+        )
         _carried[spec.owner] = fast
         return
     namespace["general"] = spec.general_flatten
-    specialise(
-        registered, fast_flatten(spec.owner, spec.names, types, modes, namespace)
-    )
+    fast = fast_flatten(spec.owner, spec.names, types, modes, namespace, False, items)
+    specialise(registered, fast)
 
 
 def _modes(
     spec: FieldSpec, signature: Signature, values: tuple[Any, ...]
-) -> tuple[str, ...] | None:
-    """How the generated flatten takes each field (`_generated`), or None if a field
-    is none of the modes it has."""
-    modes = []
-    for action, value, array_field in zip(signature.actions, values, spec.array_fields):
+) -> tuple[tuple[str, ...], dict[int, Any]] | None:
+    """How the generated flatten takes each field (`_generated`), and the kinds of
+    the items of the fields of mode `ITEMS`; None if a field is none of the modes."""
+    modes, items = [], {}
+    fields = zip(signature.actions, values, spec.array_fields)
+    for i, (action, value, array_field) in enumerate(fields):
+        sequence = type(value) in (list, tuple) and bool(value)
         if action == TAKE:
             modes.append(CHILD_MODE)
         elif action == KEEP:
             modes.append(KEPT)
+        elif action == HOLD and type(value) is float:
+            modes.append(FLOAT)
+        elif action == CARRY and category(value) == LAYER:
+            modes.append(CARRIED)
         elif (
             action in (SPLIT, WHOLE)
-            and type(value) in (list, tuple)
-            and value
+            and sequence
             and not (array_field and action == SPLIT)
             and RAW.issuperset(map(type, value))
         ):
             modes.append(SEQUENCE)
+        elif action == SPLIT and sequence and _all_carried(value):
+            modes.append(LAYERS)
+        elif (
+            action == SPLIT and sequence and (kinds := _item_kinds(value, array_field))
+        ):
+            modes.append(ITEMS)
+            items[i] = kinds
         else:
             return None
-    return tuple(modes)
+    return tuple(modes), items
+
+
+# The item categories the generated flatten takes by place (`ITEMS`).
+_ITEM_KINDS: Final = {ARRAY: ITEM_CHILD, NODE: ITEM_CHILD, NONE: ITEM_CHILD}
+
+
+def _item_kinds(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] | None:
+    """The kind and type of each item of a mixed list or tuple whose items the
+    generated flatten can take by place: arrays, modules, `None`, carried layers, and
+    static values that are their own entries (not numbers of an array field); None
+    for any other."""
+    kinds = []
+    for item in value:
+        cat = category(item)
+        if cat in _ITEM_KINDS:
+            kinds.append((_ITEM_KINDS[cat], type(item)))
+        elif cat == LAYER and type(item) in _carried:
+            kinds.append((ITEM_CARRIED, type(item)))
+        elif (
+            cat in (STATIC_CATEGORY, NUMBER)
+            and hold(item) is item
+            and not (array_field and cat == NUMBER)
+        ):
+            kinds.append((ITEM_STATIC, type(item)))
+        else:
+            return None
+    places = [k for k, _ in kinds]
+    if ITEM_STATIC not in places or set(places) == {ITEM_STATIC}:
+        return None  # no static item, or no dynamic one: other modes
+    if all(k == ITEM_STATIC or t is type(None) for k, t in kinds):
+        return None  # `None`s and static items only: static whole
+    return tuple(kinds)
+
+
+def _all_carried(items: Any) -> bool:
+    """Whether every item is an `eqx.nn` layer whose carrier maker exists."""
+    return all(category(x) == LAYER and type(x) in _carried for x in items)
 
 
 def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], Aux]]:
@@ -281,7 +359,7 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
         real_types.issuperset(map(type, children)) or real_items(children)
     ):
         settle(obj, attrs, aux, children)
-    elif plan.order is not None and cls not in _fast_unflattens:
+    elif not plan.partial and cls not in _fast_unflattens:
         _install_fast_unflatten(cls, plan, children)
     if plan.counted and plan.last_aux_id != id(aux):
         _noted(cls, aux, children)
@@ -291,7 +369,7 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
 def _noted(cls: type, aux: Aux, children: Any) -> None:
     """The aux of a plan holding static numbers or functions is not the last one
     met: while tracing, `_retrace` looks into it."""
-    if _retrace.is_traced(children):
+    if _retrace.is_traced():
         aux[0].last_aux_id = id(aux)
         _retrace.note_new_aux(cls, aux)
 
@@ -314,6 +392,7 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
         "real": real_types,
         "real_items": real_items,
         "noted": _noted,
+        "static_value": functools.partial(value_of, STATIC, None),
     }
     specialise(registered, fast_unflatten(cls, plan, namespace))
 

@@ -196,7 +196,16 @@ class Signature:
     the C calls that pick the children and entries, and the aux itself where there
     is no entry."""
 
-    __slots__ = ("actions", "plan", "children", "entries", "aux", "resolved", "partial")
+    __slots__ = (
+        "actions",
+        "plan",
+        "children",
+        "entries",
+        "aux",
+        "resolved",
+        "partial",
+        "tried",
+    )
 
     def __init__(
         self,
@@ -206,6 +215,7 @@ class Signature:
         partial: bool = False,
     ):
         self.actions, self.plan, self.partial = actions, plan, partial
+        self.tried = False  # whether code was generated, or could not be, for it
         # Where a field is split: the plan of each kinds of fields met (the entry
         # types follow from the value types and the kinds).
         self.resolved: dict[tuple[int, ...], Plan] = {}
@@ -235,7 +245,7 @@ def _action(value: Any, declared_static: bool, array_field: bool) -> int:
     if declared_static:
         if cat == CONTAINER:
             return WHOLE
-        return KEEP if hold(value) is value else HOLD
+        return _static_action(value)
     if cat in (ARRAY, NONE, NODE):
         return TAKE
     if cat in (LAYER, CARRIER):
@@ -246,6 +256,15 @@ def _action(value: Any, declared_static: bool, array_field: bool) -> int:
         return KEEP if type(value) in (int, bool) else HOLD
     if cat in (NDARRAY, CONTAINER):
         return SPLIT
+    return _static_action(value)
+
+
+def _static_action(value: Any) -> int:
+    """KEEP for a static value of a type `hold` never wraps, HOLD for any other: a
+    float or complex is held exactly whenever it is a zero or a NaN, whatever the
+    value this type was first met with."""
+    if type(value) in (float, complex):
+        return HOLD
     return KEEP if hold(value) is value else HOLD
 
 

@@ -14,11 +14,8 @@ and the fix. The blocks of one model that differ in a static number are one trac
 
 import types
 import weakref
-from typing import Any
+from typing import Any, Final
 
-import jax.tree_util as jtu
-from equinox import is_array
-from jax.core import Tracer
 from jax.extend.core import find_top_trace
 
 from ._checks import warn_once
@@ -84,18 +81,13 @@ def note_new_aux(cls: type, aux: Any) -> None:
         _note(cls, aux, find_top_trace(()))
 
 
-def is_traced(children: Any) -> bool:
-    """Whether a node unflattened from `children` is unflattened by a trace: JAX
-    unflattens from tracers only, so the first leaf tells."""
-    first = children[0] if children else None
-    if isinstance(first, Tracer):
-        return True
-    if is_array(first):
-        return False
-    for leaf in jtu.tree_leaves(children):
-        if is_array(leaf):
-            return isinstance(leaf, Tracer)
-    return False
+# The trace JAX runs under when nothing is being traced (one object per process).
+_NOT_TRACING: Final = type(find_top_trace(()))
+
+
+def is_traced() -> bool:
+    """Whether JAX is tracing now: an unflatten then makes a node of a trace."""
+    return type(find_top_trace(())) is not _NOT_TRACING
 
 
 def _note(cls: type, aux: Any, trace: Any) -> None:
