@@ -2,16 +2,15 @@
 
 from .checkpoint._checkpoint import load as load, save as save
 from .checkpoint._eqx_format import load_eqx as load_eqx
-from .checkpoint._safetensors import CheckpointError as CheckpointError
+from .checkpoint._errors import CheckpointError as CheckpointError
 from .core._module import AutoModule as AutoModule
 from .core._retrace import (
     RetraceWarning as RetraceWarning,
     warn_on_retrace as warn_on_retrace,
 )
-from .diagnostics._diagnostics import (
-    explain as explain,
-    Explanation as Explanation,
-    logged_jit as logged_jit,
+from .diagnostics._explain import explain as explain, Explanation as Explanation
+from .diagnostics._logged_jit import logged_jit as logged_jit
+from .diagnostics._retrace_reasons import (
     Reason as Reason,
     retrace_reasons as retrace_reasons,
 )

@@ -13,13 +13,16 @@ Modules:
   implementation (`autostatic`, `eqx-static`, `eqx-filter`, `dataclass`, `dict`), built
   from one set of arrays, the jit variants each implementation is called with, and
   `Model`, how the registry describes a model.
+- `forward`: the synthetic models' forward passes and the dispatch benchmark's cheap
+  function on each.
 - `real_models`: models built from `eqx.nn` layers, and their measurement.
 - `settings`: how much each mode measures.
 - `timing`: the interleaved timing harness (timeit-style batches, gc off, every cell
   in a reshuffled order every round, ratios paired per round) and small statistics
   helpers.
 - `scenarios`: what is measured on the synthetic models: pytree operations, dispatch,
-  async dispatch, time to first call, training-step throughput.
+  async dispatch, time to first call.
+- `training`: training-step throughput on the synthetic models.
 - `retracing`: trace counts, scripted on the MLP and in purpose-built contrasts.
 - `construction`: what building, tracing and compiling cost: wrapping made layers and
   arrays, building with the layers' init, trace times, and trace + compile of diffrax

@@ -30,7 +30,8 @@ A synthetic model (hand-built pytrees in the five implementations of `models.IMP
 1. In `benchmarks/models.py`, write its AutoModule classes, each under
    `@_user_class(<its non-array fields>)` (from which the other implementations are
    generated); a `<model>_arrays(seed)`; a `build_<model>(impl, arrays)` that builds
-   the nodes with `Kit(impl)`; its forward pass `<model>_apply(m, x)`; and its probe.
+   the nodes with `Kit(impl)`. In `benchmarks/forward.py`, its forward pass
+   `<model>_apply(m, x)` and its probe.
 2. Add a `Model(name, SYNTHETIC, ...)` entry below, with `apply` and `input_shape`;
    `trained=True` to time its training step too.
 
@@ -45,7 +46,7 @@ kinds have a `transformer`): they live in different sections.
 
 from typing import Any
 
-from . import models as M, real_models as R
+from . import forward as F, models as M, real_models as R
 from .models import EQX_NN, Model, SYNTHETIC
 from .settings import Settings
 
@@ -55,8 +56,8 @@ MODELS: tuple[Model, ...] = (
         SYNTHETIC,
         parts=M.mlp_arrays,  # from the depth: one model per `--sizes` entry
         build=M.build_mlp,
-        probe=M.mlp_probe,
-        apply=M.mlp_apply,
+        probe=F.mlp_probe,
+        apply=F.mlp_apply,
         input_shape=M.MLP_INPUT_SHAPE,
         sized=True,
         trained=True,
@@ -67,8 +68,8 @@ MODELS: tuple[Model, ...] = (
         SYNTHETIC,
         parts=M.transformer_arrays,
         build=M.build_transformer,
-        probe=M.transformer_probe,
-        apply=M.transformer_apply,
+        probe=F.transformer_probe,
+        apply=F.transformer_apply,
         input_shape=M.TF_INPUT_SHAPE,
         uses_key=True,
         trained=True,
@@ -78,8 +79,8 @@ MODELS: tuple[Model, ...] = (
         SYNTHETIC,
         parts=M.mixed_arrays,
         build=M.build_mixed,
-        probe=M.mixed_probe,
-        apply=M.mixed_apply,
+        probe=F.mixed_probe,
+        apply=F.mixed_apply,
         input_shape=M.MLP_INPUT_SHAPE,
     ),
     Model(

@@ -22,7 +22,7 @@ import numpy as np
 import autostatic as asx
 
 from . import models as M
-from .scenarios import block, make_train_step
+from .scenarios import block
 from .schema import (
     Contrasts,
     ContrastScenario,
@@ -32,6 +32,7 @@ from .schema import (
     TraceCount,
 )
 from .settings import Settings
+from .training import make_train_step
 
 # --------------------------------------------------------------------------------------
 # Scripted scenarios on the MLP.

@@ -1,10 +1,10 @@
 """The `results.json` format, defined once: every section's shape as a `TypedDict`.
 
-The producers (`scenarios`, `real_models`, `construction`, `serialisation`,
-`runner`) build these, the report reads them, and the tests write their hand-made
-results with them. The committed `benchmarks/results/<backend>/results.json` and the
-notebook's plotting code read the same format, so a key is renamed or dropped only
-together with them.
+The producers (`scenarios`, `training`, `real_models`, `construction`,
+`serialisation`, `runner`) build these, the report reads them, and the tests write
+their hand-made results with them. The committed
+`benchmarks/results/<backend>/results.json` and the notebook's plotting code read the
+same format, so a key is renamed or dropped only together with them.
 
 Conventions: times are medians with quartiles (`Stat`: µs, ms or MB/s, as the key
 says); a ratio is paired per round (`Ratio`, the same shape: median and quartiles of

@@ -15,7 +15,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 import pytest
 
-from benchmarks import models as M
+from benchmarks import forward as F, models as M
 
 pytest.importorskip("pytest_benchmark")
 
@@ -71,7 +71,7 @@ def test_dispatch(benchmark: Any, built: dict[str, Any], impl: str, jit: str) ->
     """A compiled `lambda m: m.layers[0].bias + 1`, blocked on every call."""
     benchmark.group = f"dispatch, {N}-layer MLP"
     b = _get(built, impl)
-    f = M.make_jitted(impl, jit, M.mlp_probe, b.cfg)
+    f = M.make_jitted(impl, jit, F.mlp_probe, b.cfg)
     f(b.tree).block_until_ready()  # compile outside the timing
     out = benchmark(lambda: f(b.tree).block_until_ready())
     assert out.shape == (M.MLP_WIDTH,)

@@ -63,7 +63,8 @@ def _targets(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(results: dict[str, Any]) -> str:
+def _results_table(results: dict[str, Any]) -> list[str]:
+    """The heading, then a row per library and mode."""
     lines = [
         "# Ecosystem report: diffrax, lineax and optimistix with their Modules auto-static",
         "",
@@ -92,7 +93,13 @@ def render(results: dict[str, Any]) -> str:
                 f"{o['passed']} | {o['failed']} | {o['skipped']} | "
                 f"{'-' if new is None else len(new)} | {kept} | {o['seconds']:.0f} s |"
             )
-    lines += _targets(results)
+    return lines
+
+
+def _missing_and_notes(results: dict[str, Any]) -> list[str]:
+    """The libraries not in the results (and why, where known), then each library's
+    note."""
+    lines = []
     missing = [lib for lib in LIBRARIES if lib not in results]
     if missing:
         lines += [
@@ -104,7 +111,12 @@ def render(results: dict[str, Any]) -> str:
     notes = [(lib, r["note"]) for lib, r in results.items() if r.get("note")]
     if notes:
         lines += [""] + [f"- {lib}: {note}" for lib, note in notes]
-    lines += ["", "## Remaining failures, by cause", ""]
+    return lines
+
+
+def _failures_by_cause(results: dict[str, Any]) -> list[str]:
+    """Every failure, per library and mode, grouped by its cause."""
+    lines = ["", "## Remaining failures, by cause", ""]
     if not any(o["failures"] for r in results.values() for o in r["outcomes"]):
         lines += ["None: every selected item passes in every mode.", ""]
     for library, result in results.items():
@@ -126,4 +138,14 @@ def render(results: dict[str, Any]) -> str:
                     if _explained(node):
                         lines.append(f"    - *{_explained(node)}*")
             lines.append("")
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    """The report's markdown: the results table, the targets, what is missing, and the
+    failures by cause."""
+    lines = _results_table(results)
+    lines += _targets(results)
+    lines += _missing_and_notes(results)
+    lines += _failures_by_cause(results)
     return "\n".join(lines) + "\n"

@@ -32,6 +32,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Library, the folder of its tests in its repository.
 LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
@@ -149,7 +150,8 @@ def collect(root: Path) -> list[str]:
         capture_output=True,
         text=True,
     ).stdout
-    return [line for line in out.splitlines() if "::" in line]
+    # Node ids start the line; pytest's warnings quote them indented ("  Test: ...").
+    return [line for line in out.splitlines() if "::" in line and line[:1].strip()]
 
 
 def sample(items: list[str], every: int) -> list[str]:
@@ -256,7 +258,7 @@ def _gist(message: str) -> str:
     return gist.strip()[:300]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ecosystem", description=__doc__)
     parser.add_argument("--git-dir", action="append", default=[], metavar="LIB=PATH")
     parser.add_argument(
@@ -284,7 +286,41 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only render report.md again from the results.json in --out",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run_library(
+    library: str, git_dir: str | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One library's tests, sampled, in every mode of `args.modes`: its results."""
+    root = extract(library, git_dir, args.work)
+    items = collect(root)
+    every = args.every or EVERY[library]
+    chosen = sample(items, every)
+    print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
+    modes = args.modes.split(",")
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        runs = [
+            pool.submit(run_mode, root, library, mode, chosen, args.timeout)
+            for mode in modes
+        ]
+        outcomes = [run.result() for run in runs]
+    for outcome in outcomes:
+        print(
+            f"  {outcome.mode}: {outcome.passed} passed, {outcome.failed} failed, "
+            f"{outcome.skipped} skipped ({outcome.seconds:.0f} s)",
+            flush=True,
+        )
+    return {
+        "version": importlib.metadata.version(library),
+        "collected": len(items),
+        "every": every,
+        "outcomes": [asdict(o) for o in outcomes],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     from .report import render
 
     if args.report_only:
@@ -294,30 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     git_dirs = dict(spec.split("=", 1) for spec in args.git_dir)
     results = {}
     for library in args.only or list(LIBRARIES):
-        root = extract(library, git_dirs.get(library), args.work)
-        items = collect(root)
-        every = args.every or EVERY[library]
-        chosen = sample(items, every)
-        print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
-        modes = args.modes.split(",")
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            runs = [
-                pool.submit(run_mode, root, library, mode, chosen, args.timeout)
-                for mode in modes
-            ]
-            outcomes = [run.result() for run in runs]
-        for outcome in outcomes:
-            print(
-                f"  {outcome.mode}: {outcome.passed} passed, {outcome.failed} failed, "
-                f"{outcome.skipped} skipped ({outcome.seconds:.0f} s)",
-                flush=True,
-            )
-        results[library] = {
-            "version": importlib.metadata.version(library),
-            "collected": len(items),
-            "every": every,
-            "outcomes": [asdict(o) for o in outcomes],
-        }
+        results[library] = _run_library(library, git_dirs.get(library), args)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
     if args.only and path.exists():  # the other libraries' results stay as they were

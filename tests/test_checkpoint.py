@@ -23,8 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import autostatic.checkpoint._files as files
 import autostatic.checkpoint._loading as loading
-import autostatic.checkpoint._safetensors as st
+import autostatic.checkpoint._writing as writing
 from autostatic import CheckpointError, load, save
+from autostatic.checkpoint._source import Source
 
 from .helpers import assert_same_arrays, AutoMLP, EqxMLP, needs_devices
 
@@ -158,9 +159,9 @@ def test_one_error_lists_every_mismatch_and_nothing_is_read(monkeypatch):
         "new": jax.ShapeDtypeStruct((5,), jnp.float32),  # missing from the file
     }
     reads = []
-    original = st.Source.read_into
+    original = Source.read_into
     monkeypatch.setattr(
-        st.Source,
+        Source,
         "read_into",
         lambda s, o, v, w: (reads.append(w), original(s, o, v, w)),
     )
@@ -246,7 +247,7 @@ def test_failed_save_leaves_the_earlier_file_intact(error, tmp_path, monkeypatch
     save(path, AutoMLP(2, 3, KEY))
     before = path.read_bytes()
     calls = []
-    original = st._write_tensor
+    original = writing._write_tensor
 
     def failing(f, key, leaf, nbytes):
         calls.append(key)
@@ -255,7 +256,7 @@ def test_failed_save_leaves_the_earlier_file_intact(error, tmp_path, monkeypatch
             raise error
         original(f, key, leaf, nbytes)
 
-    monkeypatch.setattr(st, "_write_tensor", failing)
+    monkeypatch.setattr(writing, "_write_tensor", failing)
     with pytest.raises(type(error)):
         save(path, AutoMLP(2, 3, jax.random.key(7)))
     assert len(calls) == 2
@@ -271,7 +272,7 @@ def test_a_full_disk_names_the_path_being_saved(tmp_path, monkeypatch):
     def no_space(f, key, leaf, nbytes):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(st, "_write_tensor", no_space)
+    monkeypatch.setattr(writing, "_write_tensor", no_space)
     with pytest.raises(OSError) as info:
         save(path, {"w": np.ones(3, np.float32)})
     assert info.value.errno == errno.ENOSPC
@@ -321,7 +322,7 @@ def test_durable_false_skips_both_fsyncs_and_stays_atomic(tmp_path, monkeypatch)
         f.write(b"\0" * 5)
         raise OSError("disk full")
 
-    monkeypatch.setattr(st, "_write_tensor", failing)
+    monkeypatch.setattr(writing, "_write_tensor", failing)
     with pytest.raises(OSError, match="disk full"):
         save(path, {"a": np.zeros(5, np.float32)}, durable=False)
     assert path.read_bytes() == before
@@ -433,9 +434,9 @@ _CHILD = textwrap.dedent(
     import sys, time
     import numpy as np
     import autostatic
-    import autostatic.checkpoint._safetensors as st
+    import autostatic.checkpoint._writing as writing
 
-    original = st._write_tensor
+    original = writing._write_tensor
 
     def write_then_hang(f, key, leaf, nbytes):
         original(f, key, leaf, nbytes)
@@ -443,7 +444,7 @@ _CHILD = textwrap.dedent(
         print("writing", flush=True)
         time.sleep(600)  # killed here, in the middle of the save
 
-    st._write_tensor = write_then_hang
+    writing._write_tensor = write_then_hang
     autostatic.save(sys.argv[1], {"a": np.ones(1 << 20, np.float32), "b": np.ones(3, np.float16)})
     """
 )

@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import autostatic.checkpoint._safetensors as st
 from autostatic import CheckpointError, load, save
+from autostatic.checkpoint._dtypes import FROM_SAFETENSORS
 
 from .helpers import array_keystrs, assert_same_arrays, AutoMLP, EqxMLP, fuzz_loads
 
@@ -148,7 +148,7 @@ def test_every_dtype_round_trips_bit_exactly_on_host():
     # Tensors are aligned to their item size.
     for key, entry in header.items():
         if key != "__metadata__":
-            itemsize = np.dtype(st.FROM_SAFETENSORS[entry["dtype"]]).itemsize
+            itemsize = np.dtype(FROM_SAFETENSORS[entry["dtype"]]).itemsize
             assert entry["data_offsets"][0] % itemsize == 0
 
     template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)

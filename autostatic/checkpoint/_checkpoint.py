@@ -19,7 +19,10 @@ import numpy as np
 from jax.core import Tracer
 
 from ..core._leaves import is_dynamic_leaf
+from ._dtypes import little_endian
+from ._errors import CheckpointError, describe, show
 from ._files import write_file
+from ._header import Header, read_header, Tensor
 from ._loading import (
     checked_dtype,
     format_problems,
@@ -29,21 +32,8 @@ from ._loading import (
     read_array,
     template_shape_dtype,
 )
-from ._safetensors import (
-    CheckpointError,
-    describe,
-    file_writer,
-    Header,
-    little_endian,
-    open_source,
-    PathOrFile,
-    Planned,
-    read_header,
-    require_binary,
-    show,
-    Source,
-    Tensor,
-)
+from ._source import open_source, PathOrFile, require_binary, Source
+from ._writing import file_writer, Planned
 
 # A partial load (`strict=False`) parses at most this many entries the template does
 # not need, which bounds the work a hostile header can cause (about 0.5 s).

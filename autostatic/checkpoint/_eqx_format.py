@@ -24,6 +24,7 @@ import numpy as np
 from .._compat import saved_by_tree_serialise_leaves
 from ..core._exposed import expose
 from ..core._leaves import is_dynamic_leaf
+from ._errors import CheckpointError, describe, show
 from ._loading import (
     format_problems,
     InFlight,
@@ -32,14 +33,7 @@ from ._loading import (
     read_array,
     template_shape_dtype,
 )
-from ._safetensors import (
-    CheckpointError,
-    describe,
-    open_source,
-    PathOrFile,
-    show,
-    Source,
-)
+from ._source import open_source, PathOrFile, Source
 
 _NPY_MAGIC = b"\x93NUMPY"
 _MAX_NPY_HEADER = 10_000  # numpy's own default limit for a header it parses

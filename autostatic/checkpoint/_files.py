@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from ._safetensors import CheckpointError
+from ._errors import CheckpointError
 
 try:
     import fcntl

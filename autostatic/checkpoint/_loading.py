@@ -16,15 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._safetensors import (
-    CheckpointError,
-    invalid_bytes_message,
-    known_dtype_name,
-    KNOWN_DTYPES,
-    MAX_LISTED,
-    show,
-    Source,
-)
+from ._dtypes import invalid_bytes_message, known_dtype_name, KNOWN_DTYPES
+from ._errors import CheckpointError, show
+from ._header import MAX_LISTED
+from ._source import Source
 
 # --------------------------------------------------------------------------- templates
 

@@ -4,6 +4,8 @@ summary, PNG plots and `results.json`, one module per idea:
 - `format`: times, ratios, markdown tables, the baselines' names;
 - `tables`: one table per section of results.json;
 - `targets`: the fixed thresholds and how each section's are judged;
+- `retracing`, `construction`, `scaling`: the tables of those sections (and the
+  targets of the last two);
 - `summary`: the verdict (first) and the summary (last), which read across sections;
 - `plots`: the PNGs;
 - `files`: `results.json` and where results are written;
@@ -16,6 +18,7 @@ The results it reads are typed in `benchmarks.schema`.
 """
 
 from ..schema import NOT_JUDGED
+from .construction import BUILD_TARGETS, construction_section, construction_targets
 from .document import render
 from .files import default_out_dir, jsonable, results_dir, write_json
 from .format import (
@@ -33,6 +36,7 @@ from .format import (
     table,
 )
 from .plots import IMPL_COLOURS, JIT_HATCHES, JIT_LINES, plot
+from .retracing import retrace_contrast_section, retrace_verdict, retracing_section
 from .summary import (
     PARTITIONED_MARK,
     SAME_WITHIN,
@@ -44,22 +48,16 @@ from .summary import (
 )
 from .tables import (
     async_section,
-    construction_section,
     first_call_section,
     machine_section,
     overview_section,
     real_models_section,
-    retrace_contrast_section,
-    retrace_verdict,
-    retracing_section,
     serialisation_section,
     targets_section,
     training_section,
     tree_ops_section,
 )
 from .targets import (
-    BUILD_TARGETS,
-    construction_targets,
     evaluate_targets,
     REAL_INFO_TARGETS,
     real_models_targets,

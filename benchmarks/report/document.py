@@ -5,17 +5,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ..schema import Results
+from .construction import construction_section
+from .retracing import retracing_section
 from .scaling import scaling_section
 from .summary import summary_section, verdict_section
 from .tables import (
     async_section,
-    construction_section,
     errors_section,
     first_call_section,
     machine_section,
     overview_section,
     real_models_section,
-    retracing_section,
     serialisation_section,
     targets_section,
     training_section,

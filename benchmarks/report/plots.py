@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import models as M
-from ..scenarios import TRAIN_VARIANTS
 from ..schema import Results, Stat, Training, TreeOpsGroup
+from ..training import TRAIN_VARIANTS
 from .format import FAIR_TWIN, mlp_depths
 
 IMPL_COLOURS: dict[str, str] = {

@@ -28,8 +28,9 @@ from .format import (
     OP_LABELS,
     table,
 )
+from .retracing import retrace_text, retrace_verdict
 from .scaling import scaling_claims
-from .tables import retrace_text, retrace_verdict, scale_variants
+from .tables import scale_variants
 from .targets import choose_depth
 
 PARTITIONED_MARK = "†"  # the fair twin partitioned once (plain jax.jit refuses it)

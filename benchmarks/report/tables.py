@@ -1,37 +1,29 @@
 """The report's detail tables: one function per section of `results.json`, each
 returning markdown lines (the targets' own table included).
 
-The verdict and the summary, which read across sections, are in `summary`.
+The retracing, construction and scaling sections have modules of their own
+(`retracing`, `construction`, `scaling`); the verdict and the summary, which read
+across sections, are in `summary`.
 """
 
 from .. import models as M
 from ..schema import (
     AsyncDispatch,
     AsyncVariant,
-    Construction,
-    ConstructionBuilds,
-    Contrasts,
-    ContrastScenario,
-    EcosystemTrace,
     Failed,
     FirstCall,
     Machine,
     NOT_JUDGED,
     RealModel,
     RealModels,
-    Retracing,
     SectionError,
     Serialisation,
-    Spread,
     Stat,
     Target,
-    TraceCount,
-    TraceTimes,
     Training,
     TreeOpsGroup,
 )
 from .format import (
-    AUTO_JIT,
     BAR,
     DICT_JIT,
     EQX_FILTER_FILTER,
@@ -267,186 +259,6 @@ def async_section(res: AsyncDispatch) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------
-# Retracing.
-# --------------------------------------------------------------------------------------
-
-
-def _retrace_rank(entry: TraceCount | None) -> tuple[int, float] | None:
-    """Orders outcomes: fewer traces is better; a stale result is worse than any count,
-    and a failure worse still."""
-    if not entry:
-        return None
-    if "error" in entry:
-        return (2, 0.0)
-    if entry.get("stale"):
-        return (1, 0.0)
-    return (0, float(entry["count"]))
-
-
-def retrace_text(entry: TraceCount | None) -> str:
-    """A trace count as a cell: the count (`stale` if so), `fails` or `-`."""
-    if not entry:
-        return "-"
-    if "error" in entry:
-        return "fails"
-    return f"{entry['count']}" + (" stale" if entry.get("stale") else "")
-
-
-def retrace_verdict(scenario: ContrastScenario, ref: str) -> str:
-    """`better`, `worse` or `same`: AutoModule (`jax.jit`) against `ref` in one
-    contrast scenario (`-` if either is missing)."""
-    ours = _retrace_rank(scenario["counts"].get(AUTO_JIT))
-    theirs = _retrace_rank(scenario["counts"].get(ref))
-    if ours is None or theirs is None:
-        return "-"
-    return "better" if ours < theirs else "worse" if ours > theirs else "same"
-
-
-def _verdict_cell(scenario: ContrastScenario, ref: str) -> str:
-    """`retrace_verdict` in a cell, with both counts where they differ."""
-    verdict = retrace_verdict(scenario, ref)
-    pair = (
-        f"{retrace_text(scenario['counts'].get(AUTO_JIT))} vs "
-        f"{retrace_text(scenario['counts'].get(ref))}"
-    )
-    if verdict == "better":
-        return f"**AutoModule better** ({pair})"
-    if verdict == "worse":
-        return f"**AutoModule WORSE** ({pair})"
-    return verdict
-
-
-def _contrast_cells(
-    sc: ContrastScenario, variants: list[str]
-) -> tuple[list[str], dict[str, list[str]]]:
-    """A contrast scenario's trace counts per variant, and its problems (failures,
-    warnings, stale results), each with the variants that have it."""
-    cells = []
-    problems: dict[str, list[str]] = {}
-    for v in variants:
-        entry = sc["counts"].get(v)
-        text = retrace_text(entry)
-        for warning in (entry or {}).get("warnings", []):
-            text += " (warns)"
-            problems.setdefault(f"warns: {warning}", []).append(v)
-            break
-        if entry and "error" in entry:
-            problems.setdefault(f"fails: {entry['error'][:160]}", []).append(v)
-        if entry and entry.get("stale"):
-            problems.setdefault("result STALE (the change was ignored)", []).append(v)
-        cells.append(text)
-    return cells, problems
-
-
-def retrace_contrast_section(con: Contrasts) -> list[str]:
-    """Where AutoModule and eqx.Module retrace differently, both directions."""
-    variants = con["variants"]
-    lines = [
-        f"#### Where eqx.Module and AutoModule retrace differently: traces over "
-        f"{con['calls']} calls, the model rebuilt before each (counted by a Python side "
-        "effect at trace time)",
-        "",
-    ]
-    rows, notes = [], []
-    for name, sc in con["scenarios"].items():
-        cells, problems = _contrast_cells(sc, variants)
-        rows.append(
-            [f"`{name}`: {sc['description']}"]
-            + cells
-            + [
-                _verdict_cell(sc, FAIR_TWIN),
-                _verdict_cell(sc, EQX_FILTER_FILTER),
-                sc["why"],
-            ]
-        )
-        notes += [
-            f"* `{name}`, {', '.join(f'`{v}`' for v in vs)} {what}"
-            for what, vs in problems.items()
-        ]
-    lines += table(
-        ["scenario"]
-        + [f"`{ref_label(v)}`" for v in variants]
-        + [
-            f"AutoModule vs {ref_label(FAIR_TWIN)}",
-            f"AutoModule vs {EQX_FILTER_FILTER}",
-            "why",
-        ],
-        rows,
-        "l" + "r" * len(variants) + "lll",
-    )
-    lines += [
-        "",
-        "Fewer traces is better; a stale result or a failure is worse than any count. "
-        "`eqx-static` marks the fields the scenario names static (for the `*_unmarked` "
-        "rows: none, as an Equinox user would for a value that changes); `eqx-filter` "
-        "has no markers. `eqx-filter / jax.jit` only works for models of arrays and "
-        "numbers.",
-    ]
-    return lines + ([""] + notes if notes else []) + [""]
-
-
-def _scripted_row(
-    variant: str, row: dict[str, TraceCount], names: list[str]
-) -> list[str]:
-    """One variant's trace counts, with one note per distinct error."""
-    cells = []
-    errors: dict[str, list[str]] = {}
-    notes = []
-    for n in names:
-        r = row[n]
-        text = str(r["count"])
-        if "error" in r:
-            text = f"**fail** ({r['count']})"
-            errors.setdefault(r["error"][:110], []).append(n)
-        if r.get("stale"):
-            text += " stale"
-            notes.append(f"{n}: result STALE (the changed value was ignored)")
-        cells.append(text)
-    notes = [f"{', '.join(ns)}: {err}" for err, ns in errors.items()] + notes
-    return [f"`{variant}`"] + cells + ["; ".join(notes)]
-
-
-def retracing_section(res: Retracing) -> list[str]:
-    """The contrasts, then the scripted scenarios."""
-    scen = res["scenarios"]
-    names = list(scen)
-    lines = ["### Retracing", ""]
-    if res.get("contrasts"):
-        lines += retrace_contrast_section(res["contrasts"])
-    lines += [
-        f"#### Scripted scenarios on the MLP (depth {res['depth']}; traces per scenario, "
-        "fresh jitted function each)",
-        "",
-    ]
-    for n in names:
-        eq = (
-            "static values equal"
-            if scen[n]["static_values_equal"]
-            else "static values CHANGE"
-        )
-        lines.append(
-            f"* `{n}`: {scen[n]['description']}; ideal {scen[n]['ideal']} ({eq})"
-        )
-    lines.append("")
-    rows = [["**ideal**"] + [str(scen[n]["ideal"]) for n in names] + [""]]
-    rows += [_scripted_row(v, row, names) for v, row in res["counts"].items()]
-    lines += table(
-        ["variant"] + [f"`{n}`" for n in names] + ["notes"],
-        rows,
-        "l" + "r" * len(names) + "l",
-    )
-    lines += [
-        "",
-        "The `dict` floor closes over its non-array data, so it is the reference only where "
-        "the static values are equal; where they change (`new_lambda`, `float_hparam`) it "
-        "traces once and ignores the change (stale), which is not a valid reference: "
-        "compare with the ideal there.",
-        "",
-    ]
-    return lines
-
-
-# --------------------------------------------------------------------------------------
 # Time to first call, training.
 # --------------------------------------------------------------------------------------
 
@@ -645,138 +457,6 @@ def real_models_section(real: RealModels) -> list[str]:
         "llrrrrr",
     )
     return lines + [""] + notes + ([""] if notes else [])
-
-
-# --------------------------------------------------------------------------------------
-# Construction.
-# --------------------------------------------------------------------------------------
-
-
-def _stat_cell(stat: Stat | Failed | None, unit: str = "µs") -> str:
-    """µs (or ms) with the quartiles, `fails: ...` or `-`."""
-    if not stat:
-        return "-"
-    if "fails" in stat:
-        return f"fails: {stat['fails'][:100]}"
-    if unit == "ms":
-        return f"{stat['median']:.1f} ({stat['q1']:.1f}–{stat['q3']:.1f})"
-    return fmt_stat_us(stat)
-
-
-def _builds_table(builds: ConstructionBuilds) -> list[str]:
-    """Every build cell's µs and its paired ratios."""
-    rows = []
-    for op, label in builds["ops"].items():
-        ratios = builds["ratios"].get(op, {})
-        for i, (impl, stat) in enumerate(builds["ops_us"].get(op, {}).items()):
-            mine = "; ".join(
-                f"vs {key.split(' / ')[1]} {fmt_ratio(r, iqr=True)}"
-                for key, r in ratios.items()
-                if key.split(" / ")[0] == impl
-            )
-            rows.append(
-                [label if i == 0 else "", f"`{impl}`", _stat_cell(stat), mine or "-"]
-            )
-    lines = [
-        f"Building, median µs (IQR), {builds['rounds']} rounds, every cell "
-        "interleaved; ratios paired per round (< 1 = faster):",
-        "",
-    ]
-    lines += table(["op", "impl", "µs (IQR)", "ratios (IQR)"], rows, "llrl")
-    lines += [""] + [f"* `{k}`: {v}" for k, v in builds["impls"].items()]
-    return lines + [f"* {builds['note']}.", ""]
-
-
-def _trace_table(trace: TraceTimes) -> list[str]:
-    """Trace ms per function and variant, autostatic's paired ratio."""
-    rows = []
-    for fn, label in trace["fns"].items():
-        for i, (variant, stat) in enumerate(trace["ms"].get(fn, {}).items()):
-            ratio = (
-                trace["ratios"].get(fn) if variant.startswith("autostatic") else None
-            )
-            rows.append(
-                [
-                    label if i == 0 else "",
-                    f"`{variant}`",
-                    _stat_cell(stat, "ms"),
-                    fmt_ratio(ratio, iqr=True) if ratio else "",
-                ]
-            )
-    lines = [
-        f"Trace time of the {trace['blocks']}-block eqx.nn transformer, median ms "
-        f"(IQR) over {trace['reps']} reps:",
-        "",
-    ]
-    lines += table(
-        ["function", "variant", "ms (IQR)", "vs the fair twin, partitioned"],
-        rows,
-        "llrr",
-    )
-    return lines + ["", f"* {trace['note']}.", ""]
-
-
-def _ecosystem_table(eco: EcosystemTrace) -> list[str]:
-    """Trace + compile per workload, stock vs rebased processes."""
-
-    def span(s: Spread, fmt: str, unit: str = "") -> str:
-        return f"{s['median']:{fmt}}{unit} ({s['min']:{fmt}}–{s['max']:{fmt}})"
-
-    rows = [
-        [
-            f"`{w}`",
-            span(res["stock_ms"], ".0f"),
-            span(res["rebased_ms"], ".0f"),
-            span(res["ratio"], ".2f", "x"),
-            f"{res['lower_ratio']['median']:.2f}x",
-            f"{res['compile_ratio']['median']:.2f}x",
-        ]
-        for w, res in eco["workloads"].items()
-    ]
-    n = eco["processes_per_side"]
-    lines = [
-        f"Trace + compile with diffrax, lineax and optimistix stock and rebased onto "
-        f"AutoModule, {n} process(es) each, {eco['reps']} compiles per process, ms "
-        "(median, min–max over processes):",
-        "",
-    ]
-    lines += table(
-        [
-            "workload",
-            "stock ms",
-            "rebased ms",
-            "rebased / stock (per pair)",
-            "lowering",
-            "compiling",
-        ],
-        rows,
-    )
-    return lines + [
-        "",
-        f"* {eco['note']}.",
-        f"* rebased with `{eco['command']}`; rebase checked: "
-        f"{'yes' if eco['rebase_checked'] else 'NO'} ({eco['rebase_summary']}).",
-        "",
-    ]
-
-
-def construction_section(cons: Construction) -> list[str]:
-    """Building, tracing, and trace + compile of the libraries rebased: each part
-    that ran."""
-    lines = [
-        "### Construction: building, tracing and compiling, AutoModule vs eqx.Module",
-        "",
-        "The build targets around made layers (<= 1.25x the fair twin) are read from "
-        "the real models' `build` row.",
-        "",
-    ]
-    if "builds" in cons:
-        lines += _builds_table(cons["builds"])
-    if "trace" in cons:
-        lines += _trace_table(cons["trace"])
-    if "ecosystem" in cons:
-        lines += _ecosystem_table(cons["ecosystem"])
-    return lines
 
 
 def errors_section(errors: list[SectionError]) -> list[str]:

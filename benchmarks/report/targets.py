@@ -4,7 +4,8 @@ Each section of results.json has one rule (`TARGET_RULES`) that reads its
 measurements and states its targets; `evaluate_targets` judges them all, the
 checkpoint benchmark's included (it only measures them). A target that cannot be
 evaluated is N/A with the reason; a row marked `(info)` is shown beside a target for
-information and is not one of the stated targets.
+information and is not one of the stated targets. The scaling and construction rules
+are in their sections' modules (`scaling`, `construction`), which build on this one.
 """
 
 from collections.abc import Callable, Collection, Iterable
@@ -13,9 +14,6 @@ from typing import cast, TypeVar
 from .. import models as M
 from ..schema import (
     Comparison,
-    Construction,
-    ConstructionBuilds,
-    EcosystemTrace,
     Failed,
     FirstCall,
     FirstCallVariant,
@@ -32,7 +30,6 @@ from ..schema import (
     Stat,
     Target,
     TraceCount,
-    TraceTimes,
     TrainingVariant,
     TreeOpsGroup,
 )
@@ -93,7 +90,7 @@ def choose_depth(available: Iterable[int]) -> tuple[int | None, str]:
     )
 
 
-def _median(r: Stat | None) -> float | None:
+def median_of(r: Stat | None) -> float | None:
     """A ratio's median, None if not measured."""
     return r["median"] if r else None
 
@@ -101,7 +98,7 @@ def _median(r: Stat | None) -> float | None:
 Measured = TypeVar("Measured")
 
 
-def _measured(entry: Measured | Failed | None) -> Measured | None:
+def if_measured(entry: Measured | Failed | None) -> Measured | None:
     """A measured entry, or None for one that failed or is missing."""
     if not entry or (isinstance(entry, dict) and "fails" in entry):
         return None
@@ -157,7 +154,7 @@ def _tree_op_target(
     )
     return judged_target(
         f"{'(info) ' if info else ''}{OP_LABELS.get(op, op)} <= {thr}x {ref}",
-        _median(r),
+        median_of(r),
         "<=",
         thr,
         f"{fmt_ratio(r, iqr=True)}; autostatic {fmt_stat_us(ops_us.get('autostatic', {}).get(op), True)}, "
@@ -174,15 +171,15 @@ def _dispatch_target(
     """One row of `DISPATCH_TARGETS`, judged."""
     ref, thr, info = row
     dispatch = res["dispatch_us"] if res else {}
-    ours = _measured(dispatch.get(AUTO_JIT))
+    ours = if_measured(dispatch.get(AUTO_JIT))
     r = ours["ratios"].get(ref) if ours else None
     return judged_target(
         f"{'(info) ' if info else ''}dispatch {AUTO_JIT} <= {thr}x {ref_label(ref)}",
-        _median(r),
+        median_of(r),
         "<=",
         thr,
         f"{fmt_ratio(r, iqr=True)}; autostatic {fmt_stat_us(ours, True) if ours else '-'}, "
-        f"ref {fmt_stat_us(_measured(dispatch.get(ref)), True)}",
+        f"ref {fmt_stat_us(if_measured(dispatch.get(ref)), True)}",
         where,
         "; ".join(x for x in (depth_note, INFO_ONLY if info else "") if x),
         info,
@@ -252,7 +249,7 @@ def _first_call_of(
 ) -> FirstCallVariant | None:
     """AutoModule's first call on the MLP of depth `n`."""
     res = first_calls.get(str(n)) if n else None
-    return _measured(res["variants"].get(AUTO_JIT)) if res else None
+    return if_measured(res["variants"].get(AUTO_JIT)) if res else None
 
 
 def _forward_note(results: Results, n: int | None) -> str:
@@ -273,7 +270,7 @@ def first_call_targets(results: Results) -> list[Target]:
     return [
         judged_target(
             f"time to first call {AUTO_JIT} <= 1.05x {FAIR_TWIN}",
-            _median(r),
+            median_of(r),
             "<=",
             1.05,
             f"{fmt_ratio(r, iqr=True)}; autostatic {median:.1f} ms over {reps} reps "
@@ -297,7 +294,7 @@ def _throughput_target(
     steps_per_s = entry["steps_per_s"] if entry else float("nan")
     return judged_target(
         name,
-        _median(r),
+        median_of(r),
         ">=",
         1.0,
         f"{fmt_ratio(r, iqr=True)}; {steps_per_s:.0f} steps/s",
@@ -318,7 +315,7 @@ def training_targets(results: Results) -> list[Target]:
             "(its train step takes ~10 s per variant to compile on 2 CPU cores)"
         )
     mlp = tr.get(f"mlp-{n}") if n else None
-    entry = _measured(mlp["variants"].get(AUTO_JIT)) if mlp else None
+    entry = if_measured(mlp["variants"].get(AUTO_JIT)) if mlp else None
     where = f"mlp-{n}"
     targets = [
         _throughput_target(
@@ -343,7 +340,7 @@ def training_targets(results: Results) -> list[Target]:
     ]
     # Not a stated target (which names the MLP); shown for information.
     transformer = tr.get("transformer")
-    entry = _measured(transformer["variants"].get(AUTO_JIT)) if transformer else None
+    entry = if_measured(transformer["variants"].get(AUTO_JIT)) if transformer else None
     for ref in (EQX_STATIC_FILTER, FAIR_TWIN) if entry else ():
         targets.append(
             _throughput_target(
@@ -447,11 +444,11 @@ def _real_measurement(
     if "fails" in ref_stat:
         return None, f"{ref} fails: {ref_stat['fails']}"
     us = ", ".join(
-        f"{i} {fmt_stat_us(_measured(stats.get(i)), True)}"
+        f"{i} {fmt_stat_us(if_measured(stats.get(i)), True)}"
         for i in ("autostatic", ref)
         if stats.get(i)
     )
-    return _median(r), f"{fmt_ratio(r, iqr=True)}; {us}"
+    return median_of(r), f"{fmt_ratio(r, iqr=True)}; {us}"
 
 
 def _worst_tree_at_target(real: RealModels, op: str) -> Target:
@@ -507,185 +504,6 @@ def real_models_targets(real: RealModels | None) -> list[Target]:
 
 
 # --------------------------------------------------------------------------------------
-# Construction: building, tracing, compiling.
-# --------------------------------------------------------------------------------------
-
-# The sizes the construction targets are stated for (a smoke run measures less).
-CONSTRUCTION_ARRAYS = 20_000
-CONSTRUCTION_BLOCKS = 12
-# (op, ratio "<impl> / <reference>", threshold, information only, name). The (info)
-# rows: eqx.Module of the same fields against the same floor, beside ours.
-BUILD_TARGETS: tuple[tuple[str, str, float, bool, str], ...] = (
-    (
-        "wrap_layers",
-        "autostatic / tree_leaves",
-        2.0,
-        False,
-        "AutoModule wrapping 256 made Linear(8, 8) in a list field",
-    ),
-    (
-        "wrap_layers",
-        "eqx-filter / tree_leaves",
-        2.0,
-        True,
-        "(info) eqx.Module wrapping 256 made Linear(8, 8) in a list field",
-    ),
-    (
-        "wrap_arrays",
-        "autostatic / tree_leaves",
-        2.0,
-        False,
-        f"AutoModule holding {CONSTRUCTION_ARRAYS} scalar arrays, built",
-    ),
-    (
-        "wrap_arrays",
-        "eqx-filter / tree_leaves",
-        2.0,
-        True,
-        f"(info) eqx.Module holding {CONSTRUCTION_ARRAYS} scalar arrays, built",
-    ),
-    (
-        "build_init",
-        "autostatic / eqx-static",
-        1.05,
-        False,
-        f"build with layer init ({CONSTRUCTION_BLOCKS}-block transformer)",
-    ),
-)
-TRACE_TARGETS: tuple[tuple[str, str], ...] = (
-    ("forward", "trace time, transformer forward"),
-    ("train_step", "trace time, training step (loss + jax.grad + adam)"),
-)
-TRACE_REFERENCE = "eqx-static / eqx.partition + jax.jit (fair twin)"
-ECOSYSTEM_THRESHOLD = 1.05
-
-
-def _size_note(measured: int, stated: int, what: str) -> str:
-    """Where the run measured a smaller model than the target names (a smoke run)."""
-    if measured == stated:
-        return ""
-    return f"evaluated on {measured} {what}: the target is stated for {stated}"
-
-
-def _build_target(
-    builds: ConstructionBuilds | None, row: tuple[str, str, float, bool, str]
-) -> Target:
-    """One row of `BUILD_TARGETS`, judged."""
-    op, key, thr, info, name = row
-    impl, ref = key.split(" / ")
-    name = f"{name} <= {thr}x {ref}"
-    if builds is None:
-        return judged_target(name, None, "<=", thr, "not measured", "construction")
-    r = builds["ratios"].get(op, {}).get(key)
-    stats = builds["ops_us"].get(op, {})
-    detail = (
-        f"{fmt_ratio(r, iqr=True)}; {impl} "
-        f"{fmt_stat_us(_measured(stats.get(impl)), True)}, {ref} "
-        f"{fmt_stat_us(_measured(stats.get(ref)), True)}"
-    )
-    notes = [INFO_ONLY if info else ""]
-    if op == "wrap_arrays":
-        notes.append(_size_note(builds["arrays"], CONSTRUCTION_ARRAYS, "arrays"))
-    if op == "build_init":
-        notes += [
-            _size_note(builds["blocks"], CONSTRUCTION_BLOCKS, "blocks"),
-            "the layers' own constructors (random init) inside the timing",
-        ]
-    return judged_target(
-        name,
-        _median(r),
-        "<=",
-        thr,
-        detail,
-        f"construction: {op}",
-        "; ".join(x for x in notes if x),
-        info,
-    )
-
-
-def _trace_target(trace: TraceTimes | None, fn: str, name: str) -> Target:
-    """A trace-time target: autostatic under plain `jax.jit` against the fair twin
-    under Equinox's partitioned route."""
-    name = f"{name} <= 1.0x {TRACE_REFERENCE}"
-    if trace is None:
-        return judged_target(name, None, "<=", 1.0, "not measured", "construction")
-    r = trace["ratios"].get(fn)
-    ms = trace["ms"].get(fn, {})
-    detail = ", ".join(
-        f"{v.split(' / ')[0]} {m['median']:.1f} ms"
-        for v, stat in ms.items()
-        if (m := _measured(stat))
-    )
-    notes = [
-        _size_note(trace["blocks"], CONSTRUCTION_BLOCKS, "blocks"),
-        "plain `jax.jit` refuses the fair twin (`eqx.nn.MLP` holds a function "
-        "field): it is traced by Equinox's route, `eqx.partition` once and "
-        "`jax.jit` over its arrays, the static half closed over",
-    ]
-    return judged_target(
-        name,
-        _median(r),
-        "<=",
-        1.0,
-        f"{fmt_ratio(r, iqr=True)}; {detail} over {trace['reps']} reps",
-        f"construction: trace {fn}",
-        "; ".join(x for x in notes if x),
-    )
-
-
-def _ecosystem_targets(eco: EcosystemTrace | None) -> list[Target]:
-    """Trace + compile with the libraries rebased against stock, per workload."""
-    name = "trace + compile, {} with diffrax/lineax/optimistix rebased <= {}x stock"
-    if eco is None:
-        return [
-            judged_target(
-                name.format(w, ECOSYSTEM_THRESHOLD),
-                None,
-                "<=",
-                ECOSYSTEM_THRESHOLD,
-                "not measured",
-                "construction",
-            )
-            for w in ("diffeqsolve", "root_find")
-        ]
-    targets = []
-    for workload, res in eco["workloads"].items():
-        r = res["ratio"]
-        targets.append(
-            judged_target(
-                name.format(workload, ECOSYSTEM_THRESHOLD),
-                r["median"],
-                "<=",
-                ECOSYSTEM_THRESHOLD,
-                f"{r['median']:.2f}x (pairs {r['min']:.2f}–{r['max']:.2f}, n={r['n']}); "
-                f"stock {res['stock_ms']['median']:.0f} ms, rebased "
-                f"{res['rebased_ms']['median']:.0f} ms; lowering "
-                f"{res['lower_ratio']['median']:.2f}x, compiling "
-                f"{res['compile_ratio']['median']:.2f}x",
-                f"construction: {workload}",
-                f"not paired within a process: {eco['processes_per_side']} stock and "
-                f"{eco['processes_per_side']} rebased processes alternated, a ratio per "
-                f"adjacent pair, {eco['reps']} compiles each; rebase checked "
-                f"({'yes' if eco['rebase_checked'] else 'NO'})",
-            )
-        )
-    return targets
-
-
-def construction_targets(cons: Construction | None) -> list[Target]:
-    """The build, trace and ecosystem targets; each N/A where its step failed. The
-    `build` targets on the real models are `real_models`' (`REAL_TARGETS`)."""
-    cons = cons or {}
-    builds = cons.get("builds")
-    trace = cons.get("trace")
-    return (
-        [_build_target(builds, row) for row in BUILD_TARGETS]
-        + [_trace_target(trace, fn, name) for fn, name in TRACE_TARGETS]
-        + _ecosystem_targets(cons.get("ecosystem"))
-    )
-
-
-# --------------------------------------------------------------------------------------
 # All of them.
 # --------------------------------------------------------------------------------------
 
@@ -700,7 +518,7 @@ TARGET_RULES: dict[str, Callable[[Results], list[Target]]] = {
         results.get("serialisation")
     ),
     "real_models": lambda results: real_models_targets(results.get("real_models")),
-    "construction": lambda results: construction_targets(results.get("construction")),
+    "construction": lambda results: _construction_targets(results),
 }
 
 
@@ -715,6 +533,12 @@ def _scaling_targets(results: Results) -> list[Target]:
     from .scaling import scaling_targets  # the scaling report builds on this module
 
     return scaling_targets(results)
+
+
+def _construction_targets(results: Results) -> list[Target]:
+    from .construction import construction_targets  # builds on this module too
+
+    return construction_targets(results.get("construction"))
 
 
 def evaluate_targets(

@@ -1,325 +1,30 @@
-"""The safetensors format: dtype tables, the file written (header length, header,
-tensor bytes) and its header read back with every field checked, and random-access
-reading of a file's bytes.
+"""Reading a safetensors header: its length and its JSON, every field checked.
 
-Only the standard format is written, so other tools read our files; dtypes without a
-safetensors name travel as raw bytes (design.md, "Serialisation", has the layout).
 Reading assumes a hostile file: nothing is executed, every size is checked against the
 file before anything is allocated, and the header is parsed one entry at a time so that
 the work is bounded by the tensors the caller needs, not by what the file claims.
 """
 
 import array
-import contextlib
 import dataclasses
-import io
 import json
 import math
-import os
 import re
-import sys
-from collections.abc import Callable, Collection, Iterator
-from typing import Any, BinaryIO
+from collections.abc import Callable, Collection
+from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-PathOrFile = str | os.PathLike | BinaryIO
+from ._dtypes import FROM_SAFETENSORS, KNOWN_DTYPES, METADATA_DTYPES, storage_of
+from ._errors import CheckpointError, clip, describe
+from ._source import Source
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 MAX_ENTRY_BYTES = 16 * 1024  # 64 dimensions of 20 digits, pretty-printed, fit easily
 MAX_METADATA_ENTRIES = 1024
 MAX_LISTED = 32  # keys named in one error message; the rest are counted
-_LENGTH_BYTES = 8  # the header length that starts a file: unsigned, little-endian
+LENGTH_BYTES = 8  # the header length that starts a file: unsigned, little-endian
 _MAX_NDIM = 64  # numpy's own limit
-METADATA_DTYPES = "autostatic.dtypes"
-LITTLE_ENDIAN_HOST = sys.byteorder == "little"
-
-
-class CheckpointError(ValueError):
-    """A file that is not a valid checkpoint, or that does not match the template."""
-
-
-# --------------------------------------------------------------------------- dtypes
-
-_NUMPY_DTYPE_NAMES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
-)  # fmt: skip
-_ML_DTYPE_NAMES = (
-    "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "float8_e8m0fnu", "float8_e4m3", "float8_e3m4", "float8_e4m3b11fnuz",
-    "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn", "int4", "uint4", "int2", "uint2",
-    "int1", "uint1", "complex32", "bcomplex32",
-)  # fmt: skip
-
-
-def _known_dtypes() -> dict[str, np.dtype]:
-    known = {name: np.dtype(name) for name in _NUMPY_DTYPE_NAMES}
-    for name in _ML_DTYPE_NAMES:
-        scalar_type = getattr(ml_dtypes, name, None)  # older ml_dtypes lack some
-        if scalar_type is not None:
-            known[name] = np.dtype(scalar_type)
-    return known
-
-
-# Every dtype this library reads or writes, by numpy name. Names read from a file are
-# only ever looked up here, never passed to np.dtype.
-KNOWN_DTYPES = _known_dtypes()
-
-_SAFETENSORS_NAMES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-    "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ",
-    "float8_e8m0fnu": "F8_E8M0",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8",
-    "bool": "BOOL", "complex64": "C64",
-}  # fmt: skip
-_SAFETENSORS_NAMES = {k: v for k, v in _SAFETENSORS_NAMES.items() if k in KNOWN_DTYPES}
-FROM_SAFETENSORS = {v: KNOWN_DTYPES[k] for k, v in _SAFETENSORS_NAMES.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class Storage:
-    """How a dtype is stored: a safetensors dtype, plus a trailing axis if raw."""
-
-    name: str  # safetensors dtype name
-    extra_axis: int | None  # trailing axis length for raw storage; None if none
-    raw: bool  # recorded in __metadata__
-
-
-def known_dtype_name(dtype: np.dtype) -> str | None:
-    """The name under which `dtype` is in `KNOWN_DTYPES`, if it is (any byte order)."""
-    known = KNOWN_DTYPES.get(dtype.name)
-    if known is None:
-        return None
-    if known == dtype or (dtype.byteorder in "<>" and known == dtype.newbyteorder("=")):
-        return dtype.name
-    return None
-
-
-def storage_of(name: str) -> Storage:
-    st_name = _SAFETENSORS_NAMES.get(name)
-    if st_name is not None:
-        return Storage(st_name, None, raw=False)
-    if name == "complex128":
-        return Storage("F64", 2, raw=True)
-    itemsize = KNOWN_DTYPES[name].itemsize
-    return Storage("U8", itemsize if itemsize > 1 else None, raw=True)
-
-
-def little_endian(dtype: np.dtype) -> np.dtype:
-    # Only numpy's own multi-byte types have a byte order to choose; ml_dtypes are
-    # native, which is little-endian on every platform JAX runs on.
-    if (
-        dtype.byteorder in "=<>"
-        and dtype.itemsize > 1
-        and dtype.name in _NUMPY_DTYPE_NAMES
-    ):
-        return dtype.newbyteorder("<")
-    return dtype
-
-
-def show(key: str) -> str:
-    """A key path for a message: a file's keys can be any length, and hold what no
-    terminal prints (a lone surrogate, valid in JSON, is escaped as `\\ud800`)."""
-    if not key:
-        return "<root>"  # the key path of a tree that is a single array
-    key = key.encode("utf-8", "backslashreplace").decode("utf-8")
-    return key if len(key) <= 200 else f"{key[:180]}...({len(key)} chars)"
-
-
-def describe(dtype: np.dtype | str, shape: tuple[int, ...]) -> str:
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    return f"{name}[{','.join(map(str, shape))}]"
-
-
-def clip(value: Any, limit: int = 100) -> str:
-    """`repr(value)`, shortened: messages quote values read from hostile files."""
-    text = repr(value).encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else f"{text[: limit - 20]}...({len(text)} chars)"
-
-
-def invalid_bytes_message(key: str, array: np.ndarray) -> str | None:
-    """Why `array`'s bytes are no valid values of its dtype, if they are not.
-
-    Only bool can be wrong in a way that goes unnoticed: numpy and XLA read a byte 2 as
-    True in one operation and as 2 in another (`sum`), so such a file would load as
-    silently wrong values.
-    """
-    if array.dtype != np.bool_ or array.size == 0:
-        return None
-    as_bytes = array.reshape(-1).view(np.uint8)
-    bad = np.flatnonzero(as_bytes > 1)
-    if not bad.size:
-        return None
-    return (
-        f"{show(key)}: bool tensor holds bytes other than 0 and 1 ({bad.size} of "
-        f"{array.size}; byte {int(as_bytes[bad[0]])} at element {int(bad[0])}). The "
-        "file is corrupt; nothing was loaded"
-    )
-
-
-# --------------------------------------------------------------------------- writing
-
-
-@dataclasses.dataclass(frozen=True)
-class Planned:
-    """One array to write: its key, numpy dtype name and shape."""
-
-    key: str
-    dtype_name: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * KNOWN_DTYPES[self.dtype_name].itemsize
-
-
-def encode_header(arrays: list[Planned]) -> tuple[bytes, list[int]]:
-    """The header bytes, and the indices of `arrays` in the order their bytes follow.
-
-    Decreasing item size keeps every tensor aligned to its item size (a stable sort, so
-    same-size tensors keep their natural order); the header itself lists them in natural
-    order, for people reading it.
-    """
-    order = sorted(
-        range(len(arrays)),
-        key=lambda i: -min(KNOWN_DTYPES[arrays[i].dtype_name].itemsize, 8),
-    )
-    offsets: dict[int, list[int]] = {}
-    offset = 0
-    for i in order:
-        offsets[i] = [offset, offset + arrays[i].nbytes]
-        offset += arrays[i].nbytes
-    header: dict[str, Any] = {}
-    raw_dtypes = {a.key: a.dtype_name for a in arrays if storage_of(a.dtype_name).raw}
-    if raw_dtypes:
-        header["__metadata__"] = {METADATA_DTYPES: json.dumps(raw_dtypes)}
-    for i, planned in enumerate(arrays):
-        storage = storage_of(planned.dtype_name)
-        extra = () if storage.extra_axis is None else (storage.extra_axis,)
-        header[planned.key] = {
-            "dtype": storage.name,
-            "shape": list(planned.shape + extra),
-            "data_offsets": offsets[i],
-        }
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    return encoded + b" " * (-len(encoded) % 8), order
-
-
-def file_writer(
-    planned: list[Planned], arrays: list[Any]
-) -> Callable[[BinaryIO], None]:
-    """The writer of the file holding `arrays`, the array of each entry of `planned`:
-    the header length, the header, then the tensors' bytes in the order the header
-    gives. The header is encoded here, once, however often the writer runs."""
-    header, order = encode_header(planned)
-
-    def write(f: BinaryIO) -> None:
-        f.write(len(header).to_bytes(_LENGTH_BYTES, "little"))
-        f.write(header)
-        for i in order:
-            _write_tensor(f, planned[i].key, arrays[i], planned[i].nbytes)
-
-    return write
-
-
-def _write_tensor(f: BinaryIO, key: str, leaf: Any, nbytes: int) -> None:
-    """Writes the `nbytes` bytes of `leaf` as the file stores a tensor: little-endian,
-    C order, packed."""
-    # One array on the host at a time: a device array is copied here, then dropped.
-    array = np.asarray(leaf)
-    if array.dtype.byteorder == ">" or (
-        array.dtype.byteorder == "=" and not LITTLE_ENDIAN_HOST
-    ):
-        array = array.astype(little_endian(array.dtype))
-    flat = np.ascontiguousarray(array).reshape(-1)
-    if flat.nbytes != nbytes:
-        raise CheckpointError(
-            f"{show(key)} changed size while being saved ({nbytes} bytes "
-            f"planned, {flat.nbytes} found)."
-        )
-    if nbytes:
-        f.write(flat.view(np.uint8).data)
-
-
-# --------------------------------------------------------------------------- bytes
-
-
-def require_binary(file: Any, mode: str) -> None:
-    """Refuses a text-mode file object, which would fail later with a confusing
-    UnicodeDecodeError (reading) or TypeError (writing)."""
-    file_mode = getattr(file, "mode", "")
-    if isinstance(file, io.TextIOBase) or (
-        isinstance(file_mode, str) and file_mode and "b" not in file_mode
-    ):
-        raise TypeError(
-            f"the file object is open in text mode ({file_mode or type(file).__name__}"
-            f"); checkpoints are binary. Open it with open(path, {mode!r})."
-        )
-
-
-class Source:
-    """Random access to the bytes of a checkpoint, relative to where it starts."""
-
-    def __init__(self, file: BinaryIO, name: str) -> None:
-        require_binary(file, "rb")
-        self.file = file
-        self.name = name
-        try:
-            self.start = file.tell()
-            self.size = file.seek(0, io.SEEK_END) - self.start
-        except (AttributeError, OSError, io.UnsupportedOperation) as err:
-            raise CheckpointError(
-                f"{name} is not seekable ({err}); loading needs random access. Read "
-                "it into an io.BytesIO first."
-            ) from err
-        self._readinto = getattr(file, "readinto", None)
-
-    def read_into(self, offset: int, view: memoryview, what: str) -> None:
-        self.file.seek(self.start + offset)
-        done, total = 0, len(view)
-        while done < total:
-            if self._readinto is not None:
-                got = self._readinto(view[done:])
-            else:
-                chunk = self.file.read(min(total - done, 1 << 26))
-                got = len(chunk)
-                view[done : done + got] = chunk
-            if not got:
-                raise CheckpointError(
-                    f"{self.name} ended while reading {what}: {total} bytes expected "
-                    f"at byte {offset}, {done} found. The file is truncated or was "
-                    "changed while loading."
-                )
-            done += got
-
-    def read(self, offset: int, size: int, what: str) -> bytearray:
-        """Reads `size` bytes, which the caller has checked the file has (a bytearray,
-        so that a large header is not copied once more into a bytes object)."""
-        data = bytearray(size)
-        self.read_into(offset, memoryview(data), what)
-        return data
-
-    def seek_end(self) -> None:
-        self.file.seek(self.start + self.size)
-
-
-@contextlib.contextmanager
-def open_source(file: PathOrFile) -> Iterator[Source]:
-    """A `Source` for a path (opened unbuffered, read straight into arrays) or for a
-    seekable binary file object positioned at the checkpoint."""
-    if isinstance(file, (str, bytes, os.PathLike)):
-        name = os.fsdecode(os.fspath(file))
-        with open(name, "rb", buffering=0) as f:
-            yield Source(f, repr(name))
-    else:
-        yield Source(file, "the file object")
-
-
-# --------------------------------------------------------------------------- reading
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,13 +59,13 @@ def read_header(
     were met (the load will fail anyway; the rest is only counted); a number is a hard
     limit on such tensors, beyond which the file is refused.
     """
-    if source.size < _LENGTH_BYTES:
+    if source.size < LENGTH_BYTES:
         raise CheckpointError(
             f"{source.name} is not a valid safetensors file: it has {source.size} "
-            f"bytes, fewer than the {_LENGTH_BYTES}-byte header length. The file is "
+            f"bytes, fewer than the {LENGTH_BYTES}-byte header length. The file is "
             "truncated or empty."
         )
-    length = source.read(0, _LENGTH_BYTES, "the header length")
+    length = source.read(0, LENGTH_BYTES, "the header length")
     header_len = int.from_bytes(length, "little")
     if header_len > MAX_HEADER_BYTES:
         raise CheckpointError(
@@ -368,14 +73,14 @@ def read_header(
             f"{header_len} bytes, over the {MAX_HEADER_BYTES}-byte limit. It is "
             "corrupt or not a safetensors file."
         )
-    data_start = _LENGTH_BYTES + header_len
+    data_start = LENGTH_BYTES + header_len
     if data_start > source.size:
         raise CheckpointError(
             f"{source.name} is not a valid safetensors file: its header claims "
-            f"{header_len} bytes but only {source.size - _LENGTH_BYTES} follow. The "
+            f"{header_len} bytes but only {source.size - LENGTH_BYTES} follow. The "
             "file is truncated or corrupt."
         )
-    raw = source.read(_LENGTH_BYTES, header_len, "the header")
+    raw = source.read(LENGTH_BYTES, header_len, "the header")
     parser = _HeaderParser(raw, data_start, source.size, source.name, wanted)
     return parser.parse(max_unwanted)
 
