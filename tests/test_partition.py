@@ -126,6 +126,55 @@ def test_eqx_partition_combine_roundtrip():
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(model)
 
 
+class _Marked(eqx.Module):
+    leaves: list
+    treedef: Any = eqx.field(static=True)
+
+
+class _Solution(asx.AutoModule):
+    value: jax.Array
+    state: Any
+
+
+def _states(x: jax.Array) -> list[Any]:
+    marked = _Marked([True], jax.tree_util.tree_structure(0))
+    return [
+        (x, marked),
+        (x, "name"),
+        [x, None, jax.nn.relu],
+        {"w": x, "act": "relu", "extra": None},
+    ]
+
+
+@pytest.mark.parametrize("at", range(4))
+def test_a_static_half_splits_as_the_model_did(at):
+    # Equinox's own `filter_jit` partitions its output with `tree_map` inside and
+    # combines outside, a `None` taken for a leaf: the static half, holding `None`
+    # where the arrays were, must flatten to the model's structure (a `None` is an
+    # empty child, as in an `eqx.Module`).
+    def is_none(x):
+        return x is None
+
+    model = _Solution(jnp.ones(3), _states(jnp.arange(2.0))[at])
+    static = jax.tree_util.tree_map(lambda x: None, model)
+    dynamic = jax.tree_util.tree_map(lambda x: x, model)
+    structure = jax.tree_util.tree_structure(model, is_leaf=is_none)
+    assert jax.tree_util.tree_structure(static, is_leaf=is_none) == structure
+    assert jax.tree_util.tree_structure(dynamic, is_leaf=is_none) == structure
+    assert eqx.tree_equal(eqx.combine(dynamic, static), model)
+
+    @eqx.filter_jit
+    def solve(x):
+        return _Solution(x, _states(x[:2] * 2)[at])
+
+    out = jax.vmap(solve)(jnp.ones((5, 3)))
+    assert out.value.shape == (5, 3)
+    assert jax.tree_util.tree_leaves(eqx.filter(out.state, eqx.is_array))[0].shape == (
+        5,
+        2,
+    )
+
+
 def test_vmap_in_axes_spec_from_tree_map():
     model = AutoMLP(2, 3, KEY)
     stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x, x + 1]), model)

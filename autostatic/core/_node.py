@@ -203,8 +203,6 @@ def _item_kinds(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] |
     places = [k for k, _ in kinds]
     if ITEM_STATIC not in places or set(places) == {ITEM_STATIC}:
         return None  # no static item, or no dynamic one: other modes
-    if all(k == ITEM_STATIC or t is type(None) for k, t in kinds):
-        return None  # `None`s and static items only: static whole
     return tuple(kinds)
 
 

@@ -167,21 +167,19 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     if CONTAINER in cats:
         return _split_tree(value, array_field, node_child)
     items = list(value)
-    positions, nones = [], 0
+    positions = []
     for i, item in enumerate(items):
         cat = category(item)
         if cat in (LAYER, CARRIER):
             items[i] = node_child(item)
-        elif cat == NONE:
-            nones += 1
-        elif cat in (ARRAY, NODE) or (cat == NDARRAY and jax_holds(item.dtype)):
+        elif cat in (ARRAY, NODE, NONE) or (cat == NDARRAY and jax_holds(item.dtype)):
             continue
         elif not (array_field and (cat in (NUMBER, SHAPE))):
             positions.append(i)
     kind = type(value)
     if not positions:
         return CHILD, (items if kind is list else tuple(items)), None
-    if len(positions) + nones == len(items):  # no dynamic leaf: static whole
+    if len(positions) == len(items):  # no child: static whole
         held = [hold(x) for x in value]
         return STATIC, None, StaticSeq((kind, tuple(map(type, held)), *held))
     held = [hold(value[i]) for i in positions]
@@ -208,8 +206,8 @@ def whole(value: Any) -> Any:
 
 def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """`split` for any value JAX flattens as a node, through every level."""
-    leaves, treedef = jtu.tree_flatten(value, is_leaf=stops)
-    dynamic = [is_dynamic(x, array_field) or stops(x) for x in leaves]
+    leaves, treedef = jtu.tree_flatten(value, is_leaf=_stops_or_none)
+    dynamic = [x is None or is_dynamic(x, array_field) or stops(x) for x in leaves]
     if all(dynamic):
         if not any(category(x) in (LAYER, CARRIER) for x in leaves):
             return CHILD, value, None
@@ -223,6 +221,13 @@ def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     for i in positions:
         parts[i] = None
     return MIXED, treedef.unflatten(parts), Holes((treedef, positions, types, *held))
+
+
+def _stops_or_none(x: Any) -> bool:
+    """`is_leaf` for a mixed value: each `None` in it is a child of its own (an
+    empty one, as in an `eqx.Module`), so that the value with its arrays mapped to
+    `None`s (`eqx.partition`'s static half) splits as the value did."""
+    return x is None or stops(x)
 
 
 def _node_children(leaves: list[Any], node_child: NodeChild) -> list[Any]:

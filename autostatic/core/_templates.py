@@ -6,8 +6,9 @@ same structure, whatever it holds (a tree of `0`s as a vmap `in_axes`, of
 `ShapeDtypeStruct`s, of bools as a filter spec, of names as orbax makes them; deciding
 from such leaves is what inox abandoned). Such an instance is a *template*: it
 flattens as the aux and children it was unflattened with. It is told apart when
-unflattened: a child's leaf that is no array (or a mixed field's array turned into
-`None`). The exposed form (`_exposed`) is a template whose plan makes every field a
+unflattened: a child's leaf that is no array. (A `None` is an empty child, as in an
+`eqx.Module`, so a model's arrays mapped to `None`s split as the arrays did, and that
+tree needs no template.) The exposed form (`_exposed`) is a template whose plan makes every field a
 child.
 """
 
@@ -20,7 +21,7 @@ import jax.tree_util as jtu
 
 from ._carriers import layer_of
 from ._leaves import CARRIER, category, CONTAINER, NODES, REAL, real_types, stops
-from ._split import CHILD, Holes, MIXED, STATIC
+from ._split import STATIC
 
 Aux = tuple
 
@@ -48,31 +49,8 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
         for name, kind in zip(aux[0].names, aux[0].kinds):
             if kind != STATIC and name in attrs:
                 attrs[name] = jtu.tree_map(layer_of, attrs[name], is_leaf=stops)
-    if (
-        aux[0].exposed
-        or not all(category(x) in REAL for x in leaves)
-        or _holes_lost(aux, children)
-    ):
+    if aux[0].exposed or not all(category(x) in REAL for x in leaves):
         remember_template(obj, aux, children)
-
-
-def _holes_lost(aux: Aux, children: tuple[Any, ...]) -> bool:
-    """Whether a mixed field's child holds `None` where its value held an array (a
-    tree mapped to `None`s): decided from its value, the field would lose those
-    leaves from its structure, where the tree must keep the model's."""
-    c, e = 0, 1
-    for kind in aux[0].kinds:
-        if kind == MIXED and type(aux[e]) is Holes:
-            treedef, positions = aux[e][0], aux[e][1]
-            try:
-                parts = treedef.flatten_up_to(children[c])
-            except (ValueError, TypeError):
-                return True
-            if any(x is None for i, x in enumerate(parts) if i not in positions):
-                return True
-        c += kind != STATIC
-        e += kind != CHILD
-    return False
 
 
 # Templates, by id: each with a weak reference to it, and the aux and children it
