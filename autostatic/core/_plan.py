@@ -64,7 +64,7 @@ class Plan:
             key for key, kind in zip(spec.keys, kinds) if kind != STATIC
         )
         self.entry_names = tuple(n for n, k in zip(spec.names, kinds) if k != CHILD)
-        # Whether a new static number or function in its aux is worth noting
+        # Whether a new static number in its aux is worth noting
         # (`_retrace`: not in a field declared static, whose values Equinox also
         # compiles anew), and the id of the last aux noted (nothing kept alive).
         declared = [d for d, k in zip(spec.declared_static, kinds) if k == STATIC]

@@ -1,18 +1,20 @@
-"""Retraces nobody asked for: a static number or a fresh function traced with many
-values of one field.
+"""Retraces nobody asked for: a static number traced with many values of one field.
 
 A Python float in a field not annotated as an array is static, so each new value
-compiles anew (50 learning rates, 50 compiles), silently. JAX unflattens a jitted
-function's arguments from tracers when, and only when, it traces: so an AutoModule's
-unflatten sees every trace. It compares its aux data with the last one of the same
+compiles anew (50 learning rates, 50 compiles), silently, where an `eqx.Module`'s
+field would hold it as a traced leaf. (A new function object compiles anew under
+Equinox's `filter_jit` too, and a suite of tests each passing its own function would
+reach any count: functions are not counted.)
+
+JAX unflattens a jitted function's arguments from tracers when, and only when, it
+traces: so an AutoModule's unflatten sees every trace. It compares its aux data with the last one of the same
 plan (by identity), which is all a step that reuses its program pays;
-only a new aux is looked into, only its numbers and functions, and only while tracing
+only a new aux is looked into, only its numbers, and only while tracing
 does it count the values of each static field. After `after` traces that each brought
 a new value of one field (8 by default) it warns once, naming `Class.field`, the values
 and the fix. The blocks of one model that differ in a static number are one trace.
 """
 
-import types
 import weakref
 from typing import Any, Final
 
@@ -53,12 +55,12 @@ class _Seen:
 
 # (class, field) -> what it has been traced with.
 _seen: dict[tuple[type, str], _Seen] = {}
-# The types of the static values counted: numbers and plain functions.
-COUNTED_TYPES = frozenset({int, float, complex, types.FunctionType})
+# The types of the static values counted: numbers.
+COUNTED_TYPES = frozenset({int, float, complex})
 
 
 def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
-    """Warn (`RetraceWarning`) when a static number or function of an AutoModule field
+    """Warn (`RetraceWarning`) when a static number of an AutoModule field
     has brought a new value to `after` traces; `None` turns the check off.
 
     **Arguments:**
@@ -75,8 +77,8 @@ def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
 
 
 def note_new_aux(cls: type, aux: Any) -> None:
-    """Called while tracing by an unflatten whose aux holds static numbers or
-    functions and is not the last one its plan met: counts the values."""
+    """Called while tracing by an unflatten whose aux holds static numbers and is
+    not the last one its plan met: counts the values."""
     if _after is not None:
         _note(cls, aux, find_top_trace(()))
 
@@ -124,13 +126,6 @@ def _note(cls: type, aux: Any, trace: Any) -> None:
 
 def _message(cls: type, name: str, count: int, values: list[Any]) -> str:
     where = f"{cls.__qualname__}.{name}"
-    if type(values[0]) is types.FunctionType:
-        return (
-            f"{where} has been traced with {count} different function objects "
-            f"({values[0].__qualname__}, ...): each new one compiles anew. Define the "
-            "function once (not a lambda or closure made per call), or hold its "
-            "changing data as arrays in the module."
-        )
     shown = ", ".join(map(repr, values[:_KEPT]))
     return (
         f"{where} has been traced with {count} different values ({shown}): it "
