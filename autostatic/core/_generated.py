@@ -1,20 +1,20 @@
 """The generated code: a class's flatten for the field types it meets, and its
 unflatten for the plan its instances have.
 
-The general flatten (`_plan.make_flatten`) finds a node's plan by the tuple of its
-field values' types, which costs a tuple and a dict lookup per node. For the types a
-class's instances hold (arrays in some fields, numbers and functions in others), a
-flatten written for that class compares each field's type with the one expected and
-picks the children and entries by name: 0.32x Equinox's flatten against the general
-one's 0.58x, on a model of 256 layers of the user's own (design.md, "The flatten").
-Any instance whose types differ, a template, or one still in `__init__` takes the
-general flatten. The source is kept on the function (`__source__`), as Equinox keeps
-its own generated functions', and in `linecache`, so tracebacks and debuggers show it.
+The general flatten (`_node._general_flatten`) finds a node's plan by the tuple of
+its field values' types and splits each field by its action, a tuple, a dict lookup
+and a call per field. For the types a class's instances hold, a flatten written for
+that class compares each field's type with the one expected and takes each field by
+its mode (`CHILD` ... `ITEMS`) inline. Any instance whose types differ, a template,
+one still in `__init__`, or a flatten inside a surgery of layers takes the general
+flatten. What each earns is measured in design.md ("Generated code"). The source is
+kept on the function (`__source__`), as Equinox keeps its own generated functions',
+and in `linecache`, so tracebacks and debuggers show it.
 
-Likewise the unflatten (`fast_unflatten`), for a plan whose static entries are their
-own values: the attribute dict filled by one store per field, in field order (as
-`__init__` fills it, so instances share their dicts' keys), and the children's types
-checked against those of a real model's arrays (`_plan`'s templates).
+Likewise the unflatten (`fast_unflatten`), for a plan without partial fields: the
+attribute dict filled by one store per field, in field order (as `__init__` fills
+it, so instances share their dicts' keys), and the children's types checked against
+those of a real model's arrays (`_templates`).
 
 JAX registers one flatten and one unflatten per class, when Equinox creates it,
 before any field type is known: each starts as a call of the general function
@@ -131,32 +131,13 @@ def fast_flatten(
     (the `__dict__` of an instance whose class has a Python `__getattribute__`),
     `raw` (the item types of a sequence), `sequence` (`_split.StaticSeq`), `hold`
     (`_static.hold`), `carry` (what makes a layer's carrier), `carried` (what
-    makes one of a layer class, by class) and `surgeries` (`_carriers.surgeries`). `items` gives, per field of mode `ITEMS`, the
-    kind and type of each item (`namespace` then also holds `flat_holes`). With
+    makes one of a layer class, by class) and `surgeries` (`_carriers.surgeries`).
+    `items` gives, per field of mode `ITEMS`, the kind and type of each item
+    (`namespace` then also holds `flat_holes`). With
     `carrier`, it returns the layer's carrier instead of its node (`namespace` then
     also holds `new` and `carrier_class`)."""
-    names_of = [{"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"} for i in range(len(names))]
-    children, entries = [], []
-    checks = [f"type(v{i}) is t{i}" for i in range(len(names))]
-    for i, (mode, n) in enumerate(zip(modes, names_of)):
-        if mode == ITEMS:
-            child, entry = _items_code(i, (items or {})[i], types[i])
-            children.append(child)
-            entries.append(entry)
-            checks.append(f"tuple(map(type, v{i})) == m{i}")
-            continue
-        if mode in _CHILDREN:
-            children.append(_CHILDREN[mode].format(**n))
-        if mode in _ENTRIES:
-            entries.append(_ENTRIES[mode].format(**n))
-        if mode in _CHECKS:
-            checks.append(_CHECKS[mode].format(**n))
+    children, entries, checks = _fields_code(types, modes, items or {})
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
-    carries = any(m in (CARRIED, LAYERS) for m in modes) or any(
-        kind == ITEM_CARRIED for kinds in (items or {}).values() for kind, _ in kinds
-    )
-    if carries:  # in a surgery (`_carriers.layers_as_nodes`), layers are the children
-        checks.insert(0, "not surgeries[0]")
     if all(mode == CHILD for mode in modes):
         child_values = "values"  # the tuple read
     else:
@@ -180,6 +161,34 @@ def fast_flatten(
         scope[f"p{i}"] = tuple(statics)
         scope[f"h{i}"] = tuple(kinds[k][1] for k in statics)
     return _compiled(owner, source, scope)
+
+
+def _fields_code(
+    types: tuple[type, ...], modes: tuple[str, ...], items: dict[int, Any]
+) -> tuple[list[str], list[str], list[str]]:
+    """The child expressions, entry expressions and checks of the fields, in order."""
+    children, entries = [], []
+    checks = [f"type(v{i}) is t{i}" for i in range(len(modes))]
+    for i, mode in enumerate(modes):
+        n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
+        if mode == ITEMS:
+            child, entry = _items_code(i, items[i], types[i])
+            children.append(child)
+            entries.append(entry)
+            checks.append(f"tuple(map(type, v{i})) == m{i}")
+            continue
+        if mode in _CHILDREN:
+            children.append(_CHILDREN[mode].format(**n))
+        if mode in _ENTRIES:
+            entries.append(_ENTRIES[mode].format(**n))
+        if mode in _CHECKS:
+            checks.append(_CHECKS[mode].format(**n))
+    carries = any(m in (CARRIED, LAYERS) for m in modes) or any(
+        kind == ITEM_CARRIED for kinds in items.values() for kind, _ in kinds
+    )
+    if carries:  # in a surgery (`_carriers.layers_as_nodes`), layers are the children
+        checks.insert(0, "not surgeries[0]")
+    return children, entries, checks
 
 
 def _items_code(i: int, kinds: Any, kind: type) -> tuple[str, str]:

@@ -128,13 +128,14 @@ install_flatten_generator(
 class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
     """An `eqx.Module` that decides by itself what is static.
 
-    Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. When the
-    most-derived `__init__` has finished (after converters), every leaf of every field
-    is sorted once: arrays are pytree children, every other leaf is static aux data,
-    split per leaf inside mixed containers. The attributes stay the values assigned (a
-    list is a `list`, a layer an `eqx.nn` layer); a container changed in place is
-    noticed at the next flatten. Plain `jax.jit`, `jax.grad` and `jax.vmap` accept it
-    directly and its key paths are the natural ones (`.layers[0].weight`).
+    Write it exactly like an `eqx.Module`, without `eqx.field(static=True)`. Every
+    flatten sorts the leaves its fields hold at that moment: arrays are pytree
+    children, every other leaf is static aux data, split per leaf inside mixed
+    containers. The attributes stay the values assigned (a list is a `list`, a layer
+    an `eqx.nn` layer), so `self.layers = []` and `.append(...)` in `__init__`, or a
+    container changed in place later, are what the next flatten sees. Plain
+    `jax.jit`, `jax.grad` and `jax.vmap` accept it directly and its key paths are the
+    natural ones (`.layers[0].weight`).
 
     What differs from `eqx.Module`:
 
