@@ -4,8 +4,8 @@
 
 - aux forms: a node's aux made and compared as a plain tuple and as a tuple subclass
   (what every flatten makes and every jit cache lookup compares);
-- the flatten generated for the field types a class meets against the general one,
-  per node of the 256-layer MLP of the user's own layers and per held layer;
+- the flatten and unflatten generated per class against the general ones, over
+  every node of the 256-layer MLP of the user's own layers and of the real models;
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
   `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
@@ -73,52 +73,72 @@ def aux_forms(rounds: int = 30) -> None:
     _report("an aux of 4 entries", samples, "make: plain tuple")
 
 
-def generated_flatten(rounds: int = 15) -> None:
-    """The flatten generated for the field types a class meets (`_generated`)
-    against the general one, called on every node of the 256-layer MLP of the user's
-    own layers, and the carrier made for each of 256 held `eqx.nn.Linear` likewise."""
+def _nodes(value: Any, found: list[Any]) -> list[Any]:
+    """Every AutoModule and held `eqx.nn` layer `value` reaches, depth first."""
+    from autostatic.core._leaves import category, LAYER, NODE
+
+    kind = category(value)
+    if kind in (NODE, LAYER):
+        found.append(value)
+        value = list(vars(value).values())
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _nodes(item, found)
+    return found
+
+
+def _node_calls(model: Any) -> dict[str, Callable[[], Any]]:
+    """The Python work of one flatten and one unflatten of every node of `model`,
+    through the generated functions and through the general ones."""
     from autostatic.core import _node
+    from autostatic.core._carriers import get_flat
     from autostatic.core._fields import fields_of
+    from autostatic.core._leaves import category, LAYER
 
-    keys = jax.random.split(jax.random.key(0), 256)
-    own = _OwnMLP([_OwnLinear(jnp.ones((8, 8)), jnp.ones(8)) for _ in keys])
-    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
-    jax.tree_util.tree_flatten((own, _AutoHolder(layers)))  # the generated code made
-    nodes = [own, *own.layers]
-    linear = fields_of(eqx.nn.Linear)
-    made = _node._carried[eqx.nn.Linear]  # the generated carrier maker
-
-    def each(function: Callable[[Any], Any], of: list[Any]) -> Callable[[], Any]:
-        return lambda: [function(x) for x in of]
-
-    samples = run_interleaved(
-        {
-            "own layers, generated": each(
-                lambda x: fields_of(type(x)).flatten(x), nodes
-            ),
-            "own layers, general": each(
-                lambda x: fields_of(type(x)).general_flatten(x), nodes
-            ),
-            "eqx.nn layers, generated": each(made, layers),
-            "eqx.nn layers, general": each(linear.general_carrier, layers),
-        },
-        rounds,
-    )
-    for name in ("own layers", "eqx.nn layers"):
-        _report(
-            f"{name}: a node's flatten (a carrier made), general / generated",
-            {k: v for k, v in samples.items() if k.startswith(name)},
-            f"{name}, generated",
-        )
+    flattens: dict[str, list[Any]] = {"generated": [], "general": []}
+    unflattens: dict[str, list[Any]] = {"generated": [], "general": []}
+    for node in _nodes(model, []):
+        cls, spec = type(node), fields_of(type(node))
+        if category(node) == LAYER:
+            generated, general = _node._carried[cls], spec.general_carrier
+            children, aux = get_flat(generated(node))
+        else:
+            generated, general = spec.flatten, spec.general_flatten
+            children, aux = generated(node)
+        flattens["generated"].append((generated, node))
+        flattens["general"].append((general, node))
+        args = (cls, aux, children)
+        unflattens["generated"].append((_node._registered_unflatten[cls], args))
+        unflattens["general"].append((_node.unflatten, args))
+    calls = {}
+    for way in ("generated", "general"):
+        f, u = flattens[way], unflattens[way]
+        calls[f"flatten, {way}"] = lambda f=f: [g(x) for g, x in f]
+        calls[f"unflatten, {way}"] = lambda u=u: [g(*a) for g, a in u]
+    return calls
 
 
-class _OwnLinear(asx.AutoModule):
-    weight: jax.Array
-    bias: jax.Array
+def generated_code(rounds: int = 15) -> None:
+    """The generated flatten and unflatten (`_generated`) against the general ones:
+    every node of each model flattened and unflattened through each, paired in one
+    run: the 256-layer MLP of the user's own layers and the four real models."""
+    from . import scaling
 
-
-class _OwnMLP(asx.AutoModule):
-    layers: list
+    arrays = scaling._arrays(256)
+    models = {"own-256": scaling.builder("own", "autostatic", arrays)()}
+    for model in (m for m in MODELS if m.kind == M.EQX_NN):
+        models[model.name] = model.build("autostatic", model.parts(0))
+    for name, model in models.items():
+        jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(model)))
+        samples = run_interleaved(_node_calls(model), rounds)
+        for op in ("flatten", "unflatten"):
+            _report(
+                f"{name}: every node's {op} (Python), general / generated",
+                {k: v for k, v in samples.items() if k.startswith(op)},
+                f"{op}, generated",
+            )
 
 
 class _EqxHolder(eqx.Module):
@@ -279,7 +299,7 @@ def warm_and_cold(rounds: int = 101) -> None:
 
 if __name__ == "__main__":
     aux_forms()
-    generated_flatten()
+    generated_code()
     routed_tree_at()
     linear_256()
     warm_and_cold()

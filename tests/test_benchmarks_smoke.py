@@ -731,7 +731,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
 
     for study in (
         micro.aux_forms,
-        micro.generated_flatten,
+        micro.generated_code,
         micro.routed_tree_at,
         micro.linear_256,
         micro.warm_and_cold,
@@ -740,8 +740,8 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
     printed = capsys.readouterr().out
     for header in (
         "an aux of 4 entries",
-        "own layers: a node's flatten (a carrier made), general / generated",
-        "eqx.nn layers: a node's flatten (a carrier made), general / generated",
+        "own-256: every node's flatten (Python), general / generated",
+        "transformer: every node's unflatten (Python), general / generated",
         "eqx.tree_at on 256 eqx.nn.Linear in an Module",
         "eqx.tree_at on 256 eqx.nn.Linear in an AutoModule",
         "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module",
