@@ -29,13 +29,14 @@ CELLS = [
         """# Design exploration: how AutoModule decides what is static
 
 `autostatic.AutoModule` is an `eqx.Module` that decides by itself what is static: per
-leaf, arrays are dynamic and everything else is static, decided once when `__init__`
-has finished. This notebook shows, with live code:
+leaf, arrays are dynamic and everything else is static, decided from what the
+attributes hold at every flatten. This notebook shows, with live code:
 
 1. the problem: what `eqx.Module` does with non-array fields, and the *fair twin*;
-2. the chosen design: decide once, at the end of `__init__`, per leaf;
-3. the rejected alternatives (decide at assignment, at every flatten, by type hints,
-   per attribute), each re-created in a few lines and shown failing;
+2. the chosen design: decide at every flatten, per leaf, with trees mapped from a
+   model keeping its structure;
+3. the rejected alternatives (decide at assignment, at every flatten for every tree,
+   by type hints, per attribute), each re-created in a few lines and shown failing;
 4. a cost of the design: a Python float that changes retraces;
 5. the measured costs against both baselines, from the committed benchmark run;
 6. a conclusion written from those numbers.
@@ -136,14 +137,13 @@ for name, block in [("fair twin", TwinBlock), ("AutoModule", AutoBlock)]:
     ),
     (
         "md",
-        """## 2. The chosen design: decide once, when `__init__` has finished, per leaf
+        """## 2. The chosen design: decide at every flatten, per leaf
 
-AutoModule decides the partition in its metaclass, after the most-derived `__init__`,
-Equinox's converters and `__check_init__`. So containers can be built freely inside
-`__init__`. Afterwards, assigning an attribute raises (as with `eqx.Module`), and the
-partition is kept with the instance: a flatten only checks that the fields and their
-containers are the ones it was decided from, and decides again if a container was
-changed in place.""",
+AutoModule stores nothing about the split: each flatten sorts the leaves the fields hold
+at that moment, by a plan found once per class and tuple of field types. So containers
+can be built freely inside `__init__` and changed in place afterwards, and the next
+flatten sees them as an `eqx.Module`'s would. Assigning an attribute after `__init__`
+raises, as with `eqx.Module`.""",
     ),
     (
         "code",
@@ -152,7 +152,7 @@ changed in place.""",
     names: list
 
     def __init__(self, n, key):
-        self.layers, self.names = [], []  # filled below, decided at the end
+        self.layers, self.names = [], []  # filled below; a flatten reads them as they are
         for i, k in enumerate(jax.random.split(key, n)):
             self.layers.append(eqx.nn.Linear(2, 2, key=k))
             self.names.append(f"layer{i}")
@@ -166,8 +166,8 @@ print("leaves after an append in place:", len(jax.tree.leaves(stack)))""",
     ),
     (
         "code",
-        """# Kept, not re-decided from the leaves: a tree of in_axes ints has the model's
-# structure, so vmap accepts it.
+        """# A tree unflattened from leaves that are not arrays (a template) flattens as it
+# was unflattened: a tree of in_axes ints has the model's structure, so vmap accepts it.
 in_axes = jax.tree.map(lambda _: 0, stack)
 batched = jax.tree.map(lambda x: jnp.stack([x, x]), stack)
 out = jax.vmap(lambda s, x: s.layers[0](x), in_axes=(in_axes, None))(batched, jnp.ones(2))
@@ -265,15 +265,16 @@ for name, cls in [("decide at assignment", AtAssignment), ("AutoModule", AutoSta
     ),
     (
         "md",
-        """### Decide at every flatten (inox's `Auto`, abandoned in inox 0.4)
+        """### Decide at every flatten, for every tree (inox's `Auto`, abandoned in inox 0.4)
 
-Deciding from the current values on every flatten needs no freezing, but then the
-structure depends on the leaves: any `tree_map` whose leaves are not arrays (a tree of
-`0`s for `vmap`'s `in_axes`, the `ShapeDtypeStruct`s of `jax.eval_shape`, the boolean
-mask `eqx.partition` builds) flattens to another treedef, and every API that matches
-two trees fails. Its other cost, a Python walk of every field on every flatten (so on
-every jit call), is not measured here: the committed benchmark run has no variant that
-decides at every flatten, so no number is quoted for it.""",
+Deciding from the current values on every flatten of every tree makes the structure
+depend on the leaves: any `tree_map` whose leaves are not arrays (a tree of `0`s for
+`vmap`'s `in_axes`, the `ShapeDtypeStruct`s of `jax.eval_shape`, the boolean mask
+`eqx.partition` builds) flattens to another treedef, and every API that matches two
+trees fails. AutoModule decides at every flatten only for a real model; an instance
+unflattened from other leaves (a template) keeps the structure it was unflattened
+with. What reading every field on every flatten costs is in the flatten and dispatch
+rows of section 5.""",
     ),
     (
         "code",
