@@ -754,3 +754,17 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
     assert printed.count("routed / Equinox's") == 3
     for model in ("linear-256", "transformer", "mixed-stack", "nested"):
         assert f"  {model}: " in printed
+
+
+def test_retention_study_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `python -m benchmarks.retention`, with a few models and layouts.
+    from benchmarks import retention
+
+    monkeypatch.setattr(retention, "MODELS", 3)
+    monkeypatch.setattr(retention, "LAYOUTS", 20)
+    monkeypatch.setattr(retention, "SAMPLE", 2)
+    gained, total = retention.retained("autostatic")
+    assert total > 0 and gained < total
+    costs = retention.layout_cost()
+    assert set(costs) == {"autostatic", "eqx.Module"}
+    assert all(first > 0 and last > 0 for first, last in costs.values())
