@@ -168,8 +168,12 @@ def weighted_sum(tree: Any) -> jax.Array:
     return sum(((i + 1.0) * jnp.sum(x) for i, x in enumerate(leaves)), jnp.zeros(()))
 
 
+def _identity(tree: Any) -> Any:
+    return tree
+
+
 def check_transforms(ours: Any, twin: Any) -> None:
-    """`jax.jit`, `jax.grad`, unflatten, `eqx.partition`/`combine`,
+    """`jax.jit`, `jax.grad`, unflatten, `eqx.partition`/`combine`, `eqx.filter_jit`,
     `eqx.tree_serialise_leaves` and `autostatic.save`/`load` see what Equinox sees."""
     np.testing.assert_allclose(
         jax.jit(weighted_sum)(ours), eqx.filter_jit(weighted_sum)(twin), rtol=1e-6
@@ -185,6 +189,9 @@ def check_transforms(ours: Any, twin: Any) -> None:
         eqx.combine(*eqx.partition(twin, eqx.is_array)),
         "combined",
     )
+    # Equinox's own route: partitioned by `tree_map` inside the trace, combined
+    # outside with `None` taken for a leaf.
+    same(eqx.filter_jit(_identity)(ours), eqx.filter_jit(_identity)(twin), "filter_jit")
     mine, theirs = io.BytesIO(), io.BytesIO()
     eqx.tree_serialise_leaves(mine, ours)
     eqx.tree_serialise_leaves(theirs, twin)
