@@ -2,7 +2,6 @@
 side-by-side checks, hypothesis strategies for random nests, and small utilities."""
 
 import random
-import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
@@ -250,8 +249,8 @@ def fuzz_loads(
 ) -> dict[str, int]:
     """Loads `cases` seeded mutations of the valid file `data`: each must raise
     CheckpointError or load the template's shapes and dtypes (flipped data bytes
-    load as changed values: there is no checksum), within 2 s and without allocating
-    much more than the file. Returns how many were refused and loaded."""
+    load as changed values: there is no checksum), without allocating much more than
+    the file. Returns how many were refused and loaded."""
     want = [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(template)]
     rng = random.Random(0)
     outcomes = {"refused": 0, "loaded": 0}
@@ -261,7 +260,6 @@ def fuzz_loads(
             mutated = mutate(data, rng)
             tracemalloc.reset_peak()
             before, _ = tracemalloc.get_traced_memory()
-            start = time.perf_counter()
             try:
                 out = load_bytes(mutated)
             except asx.CheckpointError:
@@ -271,7 +269,6 @@ def fuzz_loads(
                 got = [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(out)]
                 assert got == want, case
             _, peak = tracemalloc.get_traced_memory()
-            assert time.perf_counter() - start < 2.0, case
             assert peak - before < 2 * len(data) + 2**16, (case, peak - before)
             out = None
     finally:
