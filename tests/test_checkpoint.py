@@ -20,7 +20,9 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import ArrayLike, Int
 
+import autostatic as asx
 import autostatic.checkpoint._files as files
 import autostatic.checkpoint._loading as loading
 import autostatic.checkpoint._writing as writing
@@ -197,13 +199,69 @@ def test_strict_false_ignores_extra_tensors_but_not_missing_ones():
     assert "extra" not in str(info.value)
 
 
-def test_a_static_value_where_the_file_has_an_array_is_named():
+def test_another_leaf_where_the_file_has_an_array_is_named():
     f = io.BytesIO()
     save(f, {"a": jnp.zeros(2), "b": jnp.ones(2)})
+    with pytest.raises(CheckpointError, match=r"\['b'\].*the template has a str there"):
+        load(io.BytesIO(f.getvalue()), {"a": jnp.zeros(2), "b": "name"})
     with pytest.raises(
-        CheckpointError, match=r"\['b'\].*the template has a float there"
+        CheckpointError,
+        match=r"not a float: \['b'\] \(template: the Python float 1.0, file: "
+        r"float32\[2\]\)",
     ):
         load(io.BytesIO(f.getvalue()), {"a": jnp.zeros(2), "b": 1.0})
+
+
+class _Counted(asx.AutoModule):
+    linear: eqx.nn.Linear
+    step: Int[ArrayLike, ""] = 0
+
+
+def _bumped(steps: int) -> _Counted:
+    model = _Counted(eqx.nn.Linear(2, 2, key=KEY))
+    bump = jax.jit(lambda m: asx.tree_at(lambda m: m.step, m, m.step + 1))
+    for _ in range(steps):
+        model = bump(model)
+    return model
+
+
+@pytest.mark.parametrize("steps", [0, 5])
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_step_counter_is_saved_and_loaded(tmp_path, steps, strict):
+    # Annotated to hold arrays, the counter is a leaf: a Python int until a jitted
+    # step makes it an array. Either way it is saved, and loaded into a template's
+    # Python int, concrete or from `eqx.filter_eval_shape`, as the stored number.
+    model = _bumped(steps)
+    save(tmp_path / "m.safetensors", model)
+    fresh = _Counted(eqx.nn.Linear(2, 2, key=jax.random.key(1)))
+    abstract = eqx.filter_eval_shape(_Counted, eqx.nn.Linear(2, 2, key=KEY))
+    for like in (fresh, abstract):
+        out = load(tmp_path / "m.safetensors", like, strict=strict)
+        assert type(out.step) is int and out.step == steps
+        assert_same_arrays(out.linear, model.linear)
+
+
+def test_numbers_are_saved_as_jax_makes_them_and_missing_ones_are_kept():
+    f = io.BytesIO()
+    save(f, {"w": jnp.ones(2), "lr": 0.5, "on": True, "n": 3})
+    data = f.getvalue()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    assert {k: header[k]["dtype"] for k in ("['lr']", "['on']", "['n']")} == {
+        "['lr']": "F32",
+        "['on']": "BOOL",
+        "['n']": "I32",
+    }
+    out = load(
+        io.BytesIO(f.getvalue()), {"w": jnp.zeros(2), "lr": 0.0, "on": False, "n": 0}
+    )
+    assert (out["lr"], out["on"], out["n"]) == (0.5, True, 3)
+    assert type(out["on"]) is bool
+    # A file written without a number (before numbers were saved) keeps the template's.
+    g = io.BytesIO()
+    save(g, {"w": jnp.ones(2)})
+    assert load(io.BytesIO(g.getvalue()), {"w": jnp.zeros(2), "n": 7})["n"] == 7
+    with pytest.raises(CheckpointError, match=r"\['n'\] is the Python int 8589934592"):
+        save(io.BytesIO(), {"n": 2**33})
 
 
 def test_checkpoints_move_between_eqx_and_auto_modules(tmp_path):

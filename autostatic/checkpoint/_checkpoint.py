@@ -10,10 +10,11 @@ template leaf is.
 
 import os
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
@@ -53,6 +54,8 @@ def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
                 "save. Save a tree of concrete arrays (abstract trees are for `like` "
                 "in load)."
             )
+        if type(leaf) in NUMBER_KINDS:
+            leaf = _number_array(key, leaf)
         if not eqx.is_array(leaf):
             continue
         if isinstance(leaf, Tracer):
@@ -82,6 +85,29 @@ def _array_leaves(tree: Any) -> list[tuple[str, Any]]:
     return list(out.items())
 
 
+# The Python numbers that are leaves of a tree (a step counter in a field annotated to
+# hold arrays, a plain dict's learning rate), each with the dtypes that may store it.
+NUMBER_KINDS: Final = {
+    bool: jnp.bool_,
+    int: jnp.integer,
+    float: jnp.floating,
+    complex: jnp.complexfloating,
+}
+
+
+def _number_array(key: str, value: Any) -> np.ndarray:
+    """A Python number leaf as the 0-d array `jnp.asarray` makes of it (int32,
+    float32, ... unless 64-bit mode is on)."""
+    dtype = jax.dtypes.canonicalize_dtype(np.asarray(value).dtype)
+    try:
+        return np.asarray(value, dtype=dtype)
+    except OverflowError:
+        raise CheckpointError(
+            f"{show(key)} is the Python int {value}, which does not fit {dtype}. "
+            "Enable jax_enable_x64, or store it as an array of a wider dtype."
+        ) from None
+
+
 def _writer(tree: Any) -> Callable[[BinaryIO], None]:
     """Checks `tree` and plans the file; the result writes it."""
     leaves = _array_leaves(tree)
@@ -108,9 +134,10 @@ def save(file: PathOrFile, tree: Any, *, durable: bool = True) -> None:
         special file is refused.
     - `tree`: any pytree (AutoModule, `eqx.Module`, dicts, ...). Every array leaf
         (`eqx.is_array`: JAX and numpy arrays and scalars) is stored under
-        `jax.tree_util.keystr` of its natural key path, e.g. `.layers[0].weight`.
-        Other leaves and static data are not stored; `load` takes them from its
-        template.
+        `jax.tree_util.keystr` of its natural key path, e.g. `.layers[0].weight`, and
+        so is every Python number that is a leaf (a step counter in a field annotated
+        to hold arrays), as the 0-d array `jnp.asarray` makes of it. Other leaves and
+        static data are not stored; `load` takes them from its template.
     - `durable`: for a path, whether the file is on disk when `save` returns: it is
         fsynced before the rename, and its folder after. `durable=False` skips both,
         so the disk no longer bounds the save (faster, and nearer Equinox's save, which
@@ -141,7 +168,7 @@ def _template_arrays(
     others: dict[str, Any] = {}
     for index, (path, leaf) in enumerate(paths_and_leaves):
         key = jtu.keystr(path)
-        if not is_dynamic_leaf(leaf):
+        if not (is_dynamic_leaf(leaf) or type(leaf) in NUMBER_KINDS):
             others[key] = leaf
         elif key in wanted:
             raise CheckpointError(
@@ -160,6 +187,9 @@ def _differences(
     one line each."""
     problems = []
     for key, (_, leaf) in wanted.items():
+        if type(leaf) in NUMBER_KINDS:
+            problems += _number_difference(header.tensors.get(key), key, leaf)
+            continue
         shape, dtype = template_shape_dtype(key, leaf)
         expected = describe(dtype, shape)
         tensor = header.tensors.get(key)
@@ -181,6 +211,21 @@ def _differences(
         elif (problem := jax_dtype_problem(key, dtype, leaf, host)) is not None:
             problems.append(problem)
     return problems
+
+
+def _number_difference(tensor: Tensor | None, key: str, leaf: Any) -> list[str]:
+    """Why the file's tensor cannot fill the template's Python number `leaf`: a file
+    without it keeps the template's value (one saved before numbers were)."""
+    if tensor is None:
+        return []
+    kind = type(leaf)
+    if tensor.shape == () and jnp.issubdtype(tensor.dtype, NUMBER_KINDS[kind]):
+        return []
+    found = describe(tensor.dtype, tensor.shape)
+    return [
+        f"not a {kind.__name__}: {show(key)} (template: the Python {kind.__name__} "
+        f"{leaf!r}, file: {found})"
+    ]
 
 
 def _extras(unexpected: tuple[Tensor, ...], others: dict[str, Any]) -> list[str]:
@@ -239,6 +284,9 @@ def _read_tensors(
         offset = header.data_start + tensor.begin
         stored = little_endian(tensor.dtype)
         array = read_array(source, offset, tensor.shape, stored, tensor.key)
+        if type(leaf) in NUMBER_KINDS:  # as Equinox loads one: a number of its type
+            new_leaves[index] = type(leaf)(array.item())
+            continue
         new_leaves[index] = in_flight.add(place(array, leaf, host))
         del array
     in_flight.wait()
@@ -256,8 +304,10 @@ def load(
     - `like`: a tree of the same structure as the saved one: a concrete model, or an
         abstract one whose arrays are `jax.ShapeDtypeStruct`s (from
         `eqx.filter_eval_shape` or `jax.eval_shape`, which allocate nothing). Its array
-        leaves are filled from the file by key path; every other leaf and all static
-        data are kept from `like`.
+        leaves are filled from the file by key path, and so are its Python number
+        leaves where the file holds them (as numbers of their type, as Equinox loads
+        them; a file without one keeps the template's); every other leaf and all
+        static data are kept from `like`.
     - `host`: if `True`, every loaded leaf is a numpy array (bfloat16 etc. as ml_dtypes
         arrays) and nothing is allocated on any JAX device. If `False`, leaves whose
         template is a `jax.Array` or `ShapeDtypeStruct` become `jax.Array`s placed
