@@ -19,17 +19,19 @@ import argparse
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import equinox as eqx
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import autostatic as asx
+
+if TYPE_CHECKING:  # imported where used, so that --help needs no orbax
+    import orbax.checkpoint as ocp
 
 
 class Net(asx.AutoModule):
@@ -90,7 +92,7 @@ def template(width: int, mesh: Mesh) -> Net:
     )
 
 
-def mismatches(checkpointer: ocp.StandardCheckpointer, path: str, like) -> list[str]:
+def mismatches(checkpointer: "ocp.StandardCheckpointer", path: str, like) -> list[str]:
     """Key paths whose shape or dtype differ, or that one side lacks, read from the
     checkpoint's metadata (orbax itself stops at the first shard that does not fit)."""
     metadata = checkpointer.metadata(path).item_metadata
@@ -98,6 +100,8 @@ def mismatches(checkpointer: ocp.StandardCheckpointer, path: str, like) -> list[
         raise ValueError(f"{path} has no item metadata to compare with")
     # Dicts keyed by path tuples, ('layers', '0', 'weight'), alike on both sides;
     # orbax annotates them as any pytree.
+    import orbax.checkpoint as ocp
+
     stored: dict[tuple[str, ...], Any] = ocp.tree.to_flat_dict(metadata.tree)
     wanted: dict[tuple[str, ...], Any] = ocp.tree.to_flat_dict(like)
     problems = []
@@ -121,6 +125,8 @@ def main(fast: bool = False) -> dict:
 
 
 def _run(folder: str) -> dict:
+    import orbax.checkpoint as ocp
+
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
     model = Net(8, jax.random.key(0))
     model = jax.device_put(model, shardings(model, mesh))

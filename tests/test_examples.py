@@ -2,7 +2,9 @@
 
 import ast
 import importlib.util
+import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 SCRIPTS = [
     "checkpoint_to_host",
     "mlp_optax",
+    "multiprocess_training",
     "orbax_checkpoint",
     "retrace_debugging",
     "sharded_training",
@@ -115,3 +118,21 @@ def test_orbax_checkpoint():
         "mismatched_keys": 4,
         "migrated_equal": True,
     }
+
+
+@pytest.mark.parametrize("name", ["orbax_checkpoint", "multiprocess_training"])
+def test_help_needs_no_optional_package(name: str, tmp_path: Path):
+    # `--help` must print usage where orbax (the `test` extra only) is missing.
+    for package in ("orbax", "optax"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text(
+            f"raise ImportError('{package} is not installed')"
+        )
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), "--help"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: {name}.py")
