@@ -1,6 +1,7 @@
 """Fields annotated to hold arrays: Python numbers and ShapeDtypeStructs there are
 leaves (as in an eqx.Module), elsewhere static; explicit static=True always wins."""
 
+import warnings
 from typing import Any, Optional
 
 import equinox as eqx
@@ -12,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PyTree
 
 import autostatic as asx
+from autostatic.core import _checks
 from autostatic.core._fields import fields_of
 
 from .helpers import keystrs
@@ -214,3 +216,33 @@ def test_loop_state_held_directly_by_another_field_stays_a_leaf():
     )(jnp.zeros(3))
     assert int(out.inner.index) == 2
     assert keystrs(Outer(Inner(0, jnp.zeros(3)))) == [".inner.index", ".inner.ts"]
+
+
+class _Sized(asx.AutoModule):
+    w: jax.Array
+    hidden: int
+    rate: float | None
+    anything: Any
+
+    def __init__(self, hidden: Any, rate: Any = None, anything: Any = None):
+        self.w = jnp.ones(3)
+        self.hidden, self.rate, self.anything = hidden, rate, anything
+
+
+def test_a_numpy_size_in_a_field_annotated_int_is_warned_of():
+    # `np.prod(shape)` is an array (`eqx.is_array`): traced under jax.jit, where a
+    # size must be concrete. Ported from a field Equinox marked static, it is told.
+    _checks._warned.clear()  # each warning is given once per process
+    with pytest.warns(
+        UserWarning, match=r"_Sized\.hidden is annotated as a Python"
+    ) as w:
+        model = _Sized(np.prod((2, 3)))
+    assert "numpy int64 scalar" in str(w[0].message) and w[0].filename == __file__
+    assert eqx.is_array(jax.tree_util.tree_leaves(model)[-1])  # still an array leaf
+    with pytest.warns(UserWarning, match=r"_Sized\.rate .* numpy float32"):
+        _Sized(3, rate=np.float32(0.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _Sized(6, rate=0.5, anything=np.int64(2))  # unconstrained: an array, quietly
+        sized = _Sized(int(np.prod((2, 3))))
+    assert jax.jit(lambda m: jnp.zeros(m.hidden))(sized).shape == (6,)

@@ -1,4 +1,4 @@
-"""Which fields are annotated to hold arrays.
+"""Which fields are annotated to hold arrays, and which to hold Python numbers.
 
 Values alone cannot tell a size (`hidden = 32`, static) from the first value of loop
 state (`num_steps = 0`, which a `lax.while_loop` body replaces by an array, so it must
@@ -6,7 +6,9 @@ be a leaf, as in an `eqx.Module`). Annotations can: a field whose annotation adm
 array (`jax.Array`, `np.ndarray`, `jax.typing.ArrayLike`, jaxtyping's
 `Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them) holds array values,
 so Python numbers and `jax.ShapeDtypeStruct`s in it stand for arrays and are leaves.
-An `int`, `float`, `Any`-annotated or unannotated field keeps them static.
+An `int`, `float`, `Any`-annotated or unannotated field keeps them static. A numpy
+scalar is an array wherever it is (`eqx.is_array`), so one in a field annotated `int`
+(`hidden = np.prod(shape)`, ported from a field Equinox marked static) is warned of.
 """
 
 import re
@@ -31,6 +33,27 @@ def array_fields(cls: type, names: tuple[str, ...]) -> tuple[bool, ...]:
     array."""
     declared = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
     return tuple(_admits_array(_resolve(cls, declared[n].type)) for n in names)
+
+
+def number_fields(cls: type, names: tuple[str, ...]) -> tuple[bool, ...]:
+    """Per field `names` of the dataclass `cls`, whether its annotation admits only
+    Python numbers (`int`, `float | None`, ...)."""
+    declared = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
+    return tuple(_only_numbers(_resolve(cls, declared[n].type)) for n in names)
+
+
+_NUMBER_TYPES: Final = (bool, int, float, complex)
+
+
+def _only_numbers(annotation: Any) -> bool:
+    if annotation in _NUMBER_TYPES:
+        return True
+    if typing.get_origin(annotation) is typing.Union or isinstance(
+        annotation, types.UnionType
+    ):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and all(a in _NUMBER_TYPES for a in args)
+    return False
 
 
 def _resolve(cls: type, annotation: Any) -> Any:

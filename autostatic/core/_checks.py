@@ -285,6 +285,24 @@ def check_field(module: Any, name: str, value: Any, declared_static: bool) -> bo
     return carriers
 
 
+def check_numpy_number(cls: type, name: str, value: Any) -> None:
+    """Warns of a numpy scalar in a field annotated to hold a Python number: it is an
+    array, so a traced leaf, where the annotation says a size or a flag."""
+    if not is_array(value):
+        return
+    where = f"{cls.__qualname__}.{name}"
+    python = type(value.item()).__name__
+    warn_once(
+        ("numpy number", cls.__qualname__, str(id(cls)), name),
+        f"{where} is annotated as a Python number but holds a numpy "
+        f"{value.dtype} scalar ({value!r}), which is an array: a traced leaf under "
+        f"jax.jit, so using it as a size (jnp.zeros(self.{name})) fails there. If it "
+        f"is a size or another hyperparameter, store a Python number "
+        f"({python}(...), or math.prod for a product); if it should be traced, "
+        "annotate the field as an array.",
+    )
+
+
 # Item categories with nothing to check in a flat list (but a module holding itself,
 # or an array marked static).
 _FINE = frozenset({ARRAY, NONE, NUMBER, NODE, LAYER, CARRIER, SHAPE})

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from ._annotations import array_fields
+from ._annotations import array_fields, number_fields
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding its `FieldSpec`
 
@@ -30,6 +30,7 @@ class FieldSpec:
         "signatures",
         "plans",
         "_array_fields",
+        "_number_fields",
         "flatten",
         "general_flatten",
         "specialised",
@@ -46,6 +47,7 @@ class FieldSpec:
         self.signatures: dict[tuple[type, ...], Any] = {}
         self.plans: dict[Any, Any] = {}
         self._array_fields: tuple[bool, ...] | None = None
+        self._number_fields: tuple[bool, ...] | None = None
         # The class's flatten now, and the one that takes any instance: set by
         # `_plan.install_flatten`.
         self.flatten: Callable[[Any], Any] = _no_flatten
@@ -61,6 +63,15 @@ class FieldSpec:
         found = self._array_fields
         if found is None:
             found = self._array_fields = array_fields(self.owner, self.names)
+        return found
+
+    @property
+    def number_fields(self) -> tuple[bool, ...]:
+        """Per field, whether its annotation admits only Python numbers (resolved
+        as `array_fields` is)."""
+        found = self._number_fields
+        if found is None:
+            found = self._number_fields = number_fields(self.owner, self.names)
         return found
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -6,6 +6,7 @@ from typing import Any, TYPE_CHECKING
 
 import equinox as eqx
 import jax.tree_util as jtu
+import numpy as np
 from typing_extensions import dataclass_transform
 
 from .._compat import (
@@ -23,7 +24,7 @@ from .._compat import (
 from . import _fields, _node
 from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
 from ._carriers import is_carried_class, is_carrier_class, layer_of
-from ._checks import check_acyclic, check_field
+from ._checks import check_acyclic, check_field, check_numpy_number
 from ._leaves import set_class_tests, stops
 
 
@@ -96,13 +97,17 @@ def _finish(obj: Any) -> None:
     cls = type(obj)
     spec = _fields.fields_of(cls)
     attrs = object.__getattribute__(obj, "__dict__")
-    for name, declared_static in zip(spec.names, spec.declared_static):
+    for name, declared_static, number in zip(
+        spec.names, spec.declared_static, spec.number_fields
+    ):
         if name not in attrs:
             value = _default(cls, name)
             if value is _NO_DEFAULT:
                 continue
             attrs[name] = value
         value = attrs[name]
+        if number and isinstance(value, np.generic):
+            check_numpy_number(cls, name, value)
         if check_field(obj, name, value, declared_static):  # it holds carriers
             attrs[name] = jtu.tree_map(layer_of, value, is_leaf=stops)
 
