@@ -4,9 +4,11 @@ of one field warns once, naming Class.field and the fix."""
 import warnings
 from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxtyping import ArrayLike, Int
 
 import autostatic as asx
 from autostatic.core import _checks as _static_checks
@@ -133,3 +135,44 @@ def test_a_field_that_has_warned_keeps_no_more_values():
         for lr in range(20):
             f(Net(jnp.ones(2), float(lr), jax.nn.relu), 1.0)
     assert len(_retrace._seen[Net, "lr"].keys) == 3
+
+
+class Counted(asx.AutoModule):
+    w: jax.Array
+    step: Int[ArrayLike, ""] = 0
+
+
+def _bump(model: Counted) -> Counted:
+    return asx.tree_at(lambda m: m.step, model, model.step + 1)
+
+
+def test_a_held_python_counter_under_filter_jit_warns_naming_the_field():
+    # The field is annotated to hold arrays, so `jax.jit` traces the counter; but
+    # `eqx.filter_jit` holds every non-array leaf static and compiles once per value.
+    counter = TraceCounter(lambda m, x: m.w * x)
+    f = eqx.filter_jit(counter)
+    model = Counted(jnp.ones(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            f(model, 1.0)
+            model = _bump(model)
+    retraces = [w for w in caught if issubclass(w.category, asx.RetraceWarning)]
+    assert counter.count == 5
+    assert len(retraces) == 1
+    message = str(retraces[0].message)
+    assert "Counted.step is annotated to hold arrays" in message
+    assert "(0, 1, 2)" in message
+    assert "jax.jit" in message and "jnp.asarray(0)" in message
+
+
+def test_the_same_counter_under_jax_jit_traces_once_and_is_quiet():
+    counter = TraceCounter(lambda m, x: m.w * x + m.step)
+    f = jax.jit(counter)
+    model = Counted(jnp.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(5):
+            assert float(f(model, 1.0)[0]) == 1.0 + step
+            model = _bump(model)
+    assert counter.count == 1

@@ -99,29 +99,58 @@ def _note(cls: type, aux: Any, trace: Any) -> None:
         if kind != STATIC:
             continue
         value = value_of(STATIC, None, entry)
-        if type(value) not in COUNTED_TYPES:
-            continue
-        seen = _seen.get((cls, name))
-        if seen is None:
-            seen = _seen.setdefault((cls, name), _Seen())
-        if _after is not None and seen.traces >= _after:
-            continue  # warned already: nothing more to keep
-        key = static_key(value)
-        if key in seen.keys:
-            continue
-        if len(seen.keys) < _MOST_KEPT:
-            seen.keys.add(key)
-        if len(seen.shown) < _KEPT:
-            seen.shown.append(value)
-        if seen.last_trace is None or seen.last_trace() is not trace:
-            seen.last_trace = weakref.ref(trace)
-            seen.traces += 1
-        if _after is not None and seen.traces >= _after:
-            warn_once(
-                ("retrace", str(_generation), cls.__qualname__, str(id(cls)), name),
-                _message(cls, name, len(seen.keys), seen.shown),
-                RetraceWarning,
-            )
+        if type(value) in COUNTED_TYPES:
+            _count(cls, name, value, trace, _message)
+
+
+def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
+    """Called while tracing by the unflatten of a template: a Python number that is a
+    field's child (the field is annotated to hold arrays) was held static by the
+    caller, as `eqx.filter_jit` holds every non-array leaf, where `jax.jit` would
+    trace it. Its values are counted as a static field's."""
+    if _after is None:
+        return
+    names = (name for name, kind in zip(plan.names, plan.kinds) if kind != STATIC)
+    for name, child in zip(names, children):
+        if type(child) in COUNTED_TYPES:
+            _count(cls, name, child, find_top_trace(()), _held_message)
+
+
+def _count(cls: type, name: str, value: Any, trace: Any, message: Any) -> None:
+    """Counts `value` of `cls.name` in `trace`; warns when `after` traces have each
+    brought a new one."""
+    seen = _seen.get((cls, name))
+    if seen is None:
+        seen = _seen.setdefault((cls, name), _Seen())
+    if _after is None or seen.traces >= _after:
+        return  # warned already: nothing more to keep
+    key = static_key(value)
+    if key in seen.keys:
+        return
+    if len(seen.keys) < _MOST_KEPT:
+        seen.keys.add(key)
+    if len(seen.shown) < _KEPT:
+        seen.shown.append(value)
+    if seen.last_trace is None or seen.last_trace() is not trace:
+        seen.last_trace = weakref.ref(trace)
+        seen.traces += 1
+    if seen.traces >= _after:
+        warn_once(
+            ("retrace", str(_generation), cls.__qualname__, str(id(cls)), name),
+            message(cls, name, len(seen.keys), seen.shown),
+            RetraceWarning,
+        )
+
+
+def _held_message(cls: type, name: str, count: int, values: list[Any]) -> str:
+    shown = ", ".join(map(repr, values[:_KEPT]))
+    return (
+        f"{cls.__qualname__}.{name} is annotated to hold arrays, yet has been traced "
+        f"with {count} different Python numbers ({shown}) held static by the caller: "
+        "`eqx.filter_jit` holds every non-array leaf static, so each new value "
+        "compiles anew. Call through `jax.jit`, which traces it, or store it as an "
+        f"array (`jnp.asarray({values[0]!r})`)."
+    )
 
 
 def _message(cls: type, name: str, count: int, values: list[Any]) -> str:

@@ -21,6 +21,7 @@ import jax.tree_util as jtu
 
 from ._carriers import layer_of
 from ._leaves import CARRIER, category, CONTAINER, NODES, REAL, real_types, stops
+from ._retrace import is_traced, note_held_numbers
 from ._split import STATIC
 
 Aux = tuple
@@ -51,6 +52,8 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
                 attrs[name] = jtu.tree_map(layer_of, attrs[name], is_leaf=stops)
     if aux[0].exposed or not all(category(x) in REAL for x in leaves):
         remember_template(obj, aux, children)
+        if is_traced():
+            note_held_numbers(type(obj), aux[0], children)
 
 
 # Templates, by id: each with a weak reference to it, and the aux and children it
