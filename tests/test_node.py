@@ -30,7 +30,8 @@ def test_aux_is_a_flat_tuple_of_the_plan_and_the_entries():
     assert [k.name for k in plan.child_keys] == ["w"]
     assert plan.entry_names == ("scale", "name")
     assert aux == (plan, 0.5, "p")
-    assert repr(aux) == "(Pair[static scale, name], 0.5, 'p')"
+    assert repr(aux).startswith("(Pair[static scale, name; Pair.scale: a Python number")
+    assert repr(aux).endswith("], 0.5, 'p')")
 
 
 def test_one_plan_object_per_types_and_1_1_0_true_differ():
@@ -258,3 +259,29 @@ def test_a_change_in_place_to_any_list_of_an_unflattened_model_is_seen():
                 afresh
             )
             assert float(total(fresh)) == float(total(afresh))
+
+
+class StaticCounter(asx.AutoModule):
+    lin: eqx.nn.Linear
+    step: int = 0
+
+
+def test_a_bumped_static_counter_s_structure_error_names_the_field_and_the_fix():
+    # optax's state is made once from the model; a counter that is static makes each
+    # step's model another pytree, and the error is JAX's, printing our aux data.
+    import optax
+
+    model = StaticCounter(eqx.nn.Linear(2, 2, key=jax.random.key(0)))
+    opt = optax.adam(1e-3)
+    state = opt.init(eqx.filter(model, eqx.is_array))
+    model = asx.tree_at(lambda m: m.step, model, 1)
+    grads = jax.tree.map(jnp.zeros_like, eqx.filter(model, eqx.is_array))
+    try:
+        opt.update(grads, state, model)
+    except ValueError as e:
+        message = str(e)
+    else:
+        raise AssertionError("a new static value is a new pytree")
+    assert "StaticCounter.step: a Python number, static" in message
+    assert 'annotate it `Int[ArrayLike, ""]`' in message
+    assert "], 1)" in message and "], 0)" in message  # both values

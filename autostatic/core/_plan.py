@@ -49,6 +49,7 @@ class Plan:
         "names",
         "child_keys",
         "entry_names",
+        "numbers",
         "counted",
         "last_aux_id",
         "order",
@@ -67,10 +68,17 @@ class Plan:
         # Whether a new static number in its aux is worth noting
         # (`_retrace`: not in a field declared static, whose values Equinox also
         # compiles anew), and the id of the last aux noted (nothing kept alive).
-        declared = [d for d, k in zip(spec.declared_static, kinds) if k == STATIC]
-        self.counted = any(
-            t in _retrace.COUNTED_TYPES and not d for t, d in zip(types, declared)
+        static = [
+            (n, d)
+            for n, d, k in zip(spec.names, spec.declared_static, kinds)
+            if k == STATIC
+        ]
+        self.numbers = tuple(
+            n
+            for t, (n, d) in zip(types, static)
+            if t in _retrace.COUNTED_TYPES and not d
         )
+        self.counted = bool(self.numbers)
         self.last_aux_id = 0
         self.partial = False
         # Where every static entry is its own value (no record, nothing held): the
@@ -96,12 +104,20 @@ class Plan:
         return hash((self.cls, self.kinds))
 
     def __repr__(self) -> str:
-        static = ", ".join(self.entry_names)
-        return (
-            f"{self.cls.__qualname__}[static {static}]"
-            if static
-            else self.cls.__qualname__
-        )
+        # JAX prints it in every error about differing pytree metadata, the one place
+        # a user bumping a static counter learns what went wrong.
+        name = self.cls.__qualname__
+        if not self.entry_names:
+            return name
+        hint = ""
+        if self.numbers:
+            fields = ", ".join(f"{name}.{n}" for n in self.numbers)
+            hint = (
+                f"; {fields}: a Python number, static, so each value is another "
+                'pytree; annotate it `Int[ArrayLike, ""]` (or `Float`) to make it a '
+                "leaf, or keep it outside the model"
+            )
+        return f"{name}[static {', '.join(self.entry_names)}{hint}]"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # As the live plan of the class: found again by its key, the types of the
@@ -117,7 +133,7 @@ _RAW: Final = frozenset({int, bool, str, bytes, type(None)})
 
 # A node's aux data: `(plan, *entries)`, one entry per field with static data. A
 # flat tuple, compared in C on every jit cache lookup: the plan by identity, then each
-# entry with `==`; it prints as `(Counted[static step], 1)`.
+# entry with `==`; it prints as `(Counted[static step; ...], 1)`, naming the fields.
 Aux = tuple
 
 
