@@ -768,3 +768,17 @@ def test_retention_study_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     costs = retention.layout_cost()
     assert set(costs) == {"autostatic", "eqx.Module"}
     assert all(first > 0 and last > 0 for first, last in costs.values())
+
+
+def test_faster_only_when_every_interquartile_range_lies_below_one() -> None:
+    from benchmarks.report.claims import group_by_speed
+
+    assert group_by_speed([0.9, 0.8], [(0.85, 0.93), (0.7, 0.9)]) == "Faster"
+    # The training step as measured once: medians below 1, one spread across it.
+    assert group_by_speed([0.92, 0.9], [(0.86, 1.53), (0.8, 0.95)]) == (
+        "Faster or the same"
+    )
+    assert group_by_speed([1.2, 1.3], [(1.1, 1.4), (0.98, 1.5)]) == (
+        "Slower or the same"
+    )
+    assert group_by_speed([1.2, 1.3], [(1.1, 1.4), (1.2, 1.5)]) == "Slower"
