@@ -140,20 +140,43 @@ def test_eqx_layers_as_children_and_ecosystem_functions():
     assert jnp.all(moved.stuff[0].weight == 0) and moved.stuff[1] is jax.nn.relu
 
 
-def test_equality_and_hash_by_static_values_and_array_identity():
+def _bump_bias(m: Any) -> Any:
+    return eqx.tree_at(lambda m: m.layers[0].bias, m, m.layers[0].bias + 1)
+
+
+def test_equality_is_eqx_module_s_tree_equal():
+    # quax and others assert `out == expected` on modules a transform made.
+    for mlp in (AutoMLP, EqxMLP):
+        a, b = mlp(2, 3, KEY), mlp(2, 3, KEY)  # equal numbers, other arrays
+        assert a is not b and bool(a == b) and not bool(a != b)
+        assert not bool(a == _bump_bias(a)) and bool(a != _bump_bias(a))
+        assert not bool(a == mlp(2, 3, KEY, scale=2.0))
+        assert a != "a string" and not bool(a == mlp(3, 3, KEY))
+    auto, eqx_twin = AutoMLP(2, 3, KEY), EqxMLP(2, 3, KEY)
+    assert type(auto == AutoMLP(2, 3, KEY)) is type(eqx_twin == EqxMLP(2, 3, KEY))
+
+    @jax.jit
+    def compare(m, other):
+        return m == other  # a traced bool, as an eqx.Module gives
+
+    assert bool(compare(auto, AutoMLP(2, 3, KEY)))
+    assert not bool(compare(auto, _bump_bias(auto)))
+    assert bool(jax.jit(lambda m, o: m == o)(eqx_twin, EqxMLP(2, 3, KEY)))
+
+
+def test_hash_by_static_values_and_array_identity():
     a = AutoMLP(2, 3, KEY)
     same_arrays = jax.tree_util.tree_map(lambda x: x, a)
-    assert a == same_arrays and hash(a) == hash(same_arrays)
-    # Equal numbers in other arrays: numerically equal (eqx.tree_equal), but not `==`:
-    # a trace cached for one module's arrays must never serve another's.
-    b = AutoMLP(2, 3, KEY)
-    assert eqx.tree_equal(a, b) and a != b
-    assert asx.tree_at(lambda m: m.scale, a, 2.0) != a
+    assert (a == same_arrays) is True and hash(a) == hash(same_arrays)
     assert {a: 1}[same_arrays] == 1  # hashable, although it holds arrays
+    assert asx.tree_at(lambda m: m.scale, a, 2.0) != a
 
     @jax.jit
     def under_trace(m):
-        assert m == m and hash(m) == hash(m)  # tracers: a bool, never an error
+        # JAX's caches (`lax.switch`'s branches) hash a module, then compare it to
+        # the one found: the same tracers give a Python True, never a traced bool.
+        rebuilt = jax.tree_util.tree_map(lambda x: x, m)
+        assert (m == rebuilt) is True and hash(m) == hash(rebuilt)
         return m.layers[0].bias
 
     under_trace(a)

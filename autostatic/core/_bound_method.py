@@ -14,6 +14,7 @@ is kept.
 """
 
 import functools
+import operator
 import types
 import weakref
 from collections.abc import Callable
@@ -56,6 +57,17 @@ class _ModuleOfFunction(str):
         return getattr(func, "__module__", None) or str(self)
 
 
+def same_leaves(a: Any, b: Any) -> bool:
+    """`a` and `b` are one pytree: equal treedefs (static data included) and the very
+    same leaf objects. What a trace cached for `a` may be reused for, decided
+    without looking into an array, so never a tracer."""
+    if a is b:
+        return True
+    leaves, treedef = jtu.tree_flatten(a)
+    other_leaves, other_treedef = jtu.tree_flatten(b)
+    return treedef == other_treedef and all(map(operator.is_, leaves, other_leaves))
+
+
 class BoundMethod:
     # (The class docstring is set below: `__doc__` here is the function's docstring.)
 
@@ -77,7 +89,7 @@ class BoundMethod:
         return (
             type(other) is BoundMethod
             and self.__func__ == other.__func__
-            and self.__self__ == other.__self__
+            and same_leaves(self.__self__, other.__self__)
         )
 
     def __get__(self, instance: Any, owner: type | None = None) -> "BoundMethod":

@@ -22,7 +22,7 @@ from .._compat import (
     WRAPPER_FIELD_NAMES,
 )
 from . import _fields, _node
-from ._bound_method import BoundMethod, MethodDescriptor, wraps_as_method
+from ._bound_method import BoundMethod, MethodDescriptor, same_leaves, wraps_as_method
 from ._carriers import is_carried_class, is_carrier_class, layer_of
 from ._checks import check_acyclic, check_field, check_numpy_number
 from ._leaves import set_class_tests, stops
@@ -149,8 +149,9 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
       arrays (`n: Int[ArrayLike, ""]`, `lr: float | jax.Array`): there numbers (and
       `ShapeDtypeStruct`s) are leaves, as in an `eqx.Module`.
     - The instance is immutable after `__init__` (`autostatic.tree_at` makes copies).
-    - `==` is true for the same class, equal static values and the very same array
-      objects, and every instance is hashable (use `eqx.tree_equal` for values).
+    - Every instance is hashable, by its static data and the identities of its
+      arrays (`lax.switch` hashes its branches); `==` is `eqx.tree_equal`, as in
+      an `eqx.Module`.
     - `eqx.field(static=True)` on an array is an error; on anything else it is kept.
 
     Example:
@@ -183,22 +184,16 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
         leaves, treedef = jtu.tree_flatten(self)
         return hash((treedef, tuple(map(id, leaves))))
 
-    def __eq__(self, other: object) -> bool:
-        """Same class, equal static values and the very same array objects.
-
-        Unlike `eqx.Module.__eq__` (numeric `eqx.tree_equal`), this never returns a
-        traced value and never equates two modules holding different arrays, which is
-        what JAX's trace caches need. For numeric equality use `eqx.tree_equal`.
-        """
-        if self is other:
-            return True
+    def __eq__(self, other: object) -> Any:
+        """As `eqx.Module`'s: `eqx.tree_equal` (numeric: a bool array, traced under
+        `jax.jit`), except that a module holding the very same array objects is a
+        Python `True` without looking into them, as JAX's caches need: they look a
+        module up by its hash (the identities of its arrays) and then compare it."""
         if type(other) is not type(self):
             return False
-        leaves, treedef = jtu.tree_flatten(self)
-        other_leaves, other_treedef = jtu.tree_flatten(other)
-        return treedef == other_treedef and all(
-            a is b for a, b in zip(leaves, other_leaves)
-        )
+        if same_leaves(self, other):
+            return True
+        return eqx.tree_equal(self, other)
 
     # Hidden from type checkers, which would otherwise take every attribute for known
     # (reading one through `__getattr__`, assigning one through `__setattr__`).

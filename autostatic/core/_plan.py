@@ -24,7 +24,7 @@ from ._leaves import (
     SHAPE,
 )
 from ._split import CHILD, MIXED, RECORDS, STATIC, whole
-from ._static import hold, natural
+from ._static import hold, natural, SameDtype
 
 # How a field's value of one type becomes part of the node (`Signature.actions`).
 TAKE: Final = 0  # the child, as it is
@@ -114,8 +114,9 @@ class Plan:
             fields = ", ".join(f"{name}.{n}" for n in self.numbers)
             hint = (
                 f"; {fields}: a Python number, static, so each value is another "
-                'pytree; annotate it `Int[ArrayLike, ""]` (or `Float`) to make it a '
-                "leaf, or keep it outside the model"
+                'pytree; to make it a leaf, annotate it as an array (`Int[ArrayLike, ""]`'
+                ", `Float[...]`) or as the module class it stands for, or keep it "
+                "outside the model"
             )
         return f"{name}[static {', '.join(self.entry_names)}{hint}]"
 
@@ -165,10 +166,16 @@ def entry_types(kinds: tuple[int, ...], entries: Any) -> tuple[Any, ...]:
     for kind in kinds:
         if kind == STATIC:
             entry = entries[j]
-            out.append(None if _is_record(entry) else type(natural(entry)))
+            out.append(None if _is_record(entry) else _type_keyed(entry))
         if kind != CHILD:
             j += 1
     return tuple(out)
+
+
+def _type_keyed(entry: Any) -> type:
+    """The type a plan keys for a held entry: its value's (`1`, `1.0` and `True`
+    differ), but one for every dtype specifier, as they are one value."""
+    return SameDtype if type(entry) is SameDtype else type(natural(entry))
 
 
 def _is_record(entry: Any) -> bool:

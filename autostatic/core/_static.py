@@ -2,7 +2,8 @@
 
 A static leaf goes into the aux as it is (`hold`), unless `==` alone would not compare
 it as the jit cache must: a float or complex zero or NaN is held bit for bit
-(`ExactFloat`), a jaxpr as a program (`SameProgram`), a leaf whose `==` runs in Python
+(`ExactFloat`), a jaxpr as a program (`SameProgram`), a dtype as the dtype it names
+(`SameDtype`), a leaf whose `==` runs in Python
 behind a comparison that explains a failure (`Compared`), a set as a frozen copy
 (`SetValue`). `natural` gives the value back.
 """
@@ -15,6 +16,8 @@ import types
 from collections.abc import Iterable
 from typing import Any, Final
 
+import jax.numpy as jnp
+import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.linear_util import WrappedFun
 
@@ -94,6 +97,39 @@ class ExactFloat:
 
     def __repr__(self) -> str:
         return f"ExactFloat({self.value!r})"
+
+
+class SameDtype:
+    """A static dtype specifier (`np.dtype("float32")`, `np.float32`, `jnp.float32`),
+    equal to another that names the same dtype: `==` between them says so, and JAX
+    traces them alike (`jnp.zeros(n, dtype)`, `x.astype(dtype)`), so an `eqx.Module`
+    gives equal treedefs for them."""
+
+    __slots__ = ("value", "_dtype")
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._dtype = np.dtype(value)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is SameDtype and self._dtype == other._dtype
+
+    def __hash__(self) -> int:
+        return hash(self._dtype)
+
+    def __repr__(self) -> str:
+        return f"SameDtype({self.value!r})"
+
+
+def is_dtype(value: Any) -> bool:
+    """A numpy dtype, or a numpy or JAX scalar type (`np.float32`, `jnp.float32`)."""
+    if type(value) is type:
+        return issubclass(value, np.generic)
+    return isinstance(value, _DTYPE_OBJECTS)
+
+
+# `jnp.float32` and its like are instances of JAX's scalar metaclass.
+_DTYPE_OBJECTS: Final = (np.dtype, type(jnp.float32))
 
 
 class Compared:
@@ -252,20 +288,24 @@ def _compares_in_python(value: Any) -> bool:
 
 def hold(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, an exact form
-    (`ExactFloat`, `SameProgram`), a frozen copy of a set, or a `Compared` for a leaf
+    (`ExactFloat`, `SameProgram`), a `SameDtype`, a frozen copy of a set, or a `Compared` for a leaf
     compared in Python."""
     if type(leaf) is set or type(leaf) is frozenset:
         return SetValue(leaf, type(leaf))
     exact = _exact_form(leaf)
     if exact is not leaf:
         return exact
+    if is_dtype(leaf):
+        return SameDtype(leaf)
     if _compares_in_python(leaf):
         return Compared(leaf)
     return leaf
 
 
 # The types of static leaves that hold a value other than themselves.
-HOLDER_TYPES: Final = frozenset({SetValue, Compared, SameProgram, ExactFloat})
+HOLDER_TYPES: Final = frozenset(
+    {SetValue, Compared, SameProgram, ExactFloat, SameDtype}
+)
 
 
 def natural(leaf: Any) -> Any:
@@ -273,6 +313,11 @@ def natural(leaf: Any) -> Any:
     kind = type(leaf)
     if kind is SetValue:
         return leaf.kind(leaf)
-    if kind is Compared or kind is SameProgram or kind is ExactFloat:
+    if (
+        kind is Compared
+        or kind is SameProgram
+        or kind is ExactFloat
+        or kind is SameDtype
+    ):
         return leaf.value
     return leaf
