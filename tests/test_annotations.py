@@ -90,6 +90,8 @@ def test_number_leaves_need_no_retrace_and_sizes_stay_static():
         (object, False),
         (jax.ShapeDtypeStruct, False),
         (PyTree[jax.ShapeDtypeStruct], False),
+        (eqx.nn.Linear, True),  # a module class: a number there stands for a subtree
+        (PyTree, False),  # any data (diffrax's `args`): a number may be a size
         ("tuple[int, ...]", False),
     ],
 )
@@ -246,3 +248,31 @@ def test_a_numpy_size_in_a_field_annotated_int_is_warned_of():
         _Sized(6, rate=0.5, anything=np.int64(2))  # unconstrained: an array, quietly
         sized = _Sized(int(np.prod((2, 3))))
     assert jax.jit(lambda m: jnp.zeros(m.hidden))(sized).shape == (6,)
+
+
+class _Data(asx.AutoModule):
+    x: jax.Array
+
+
+class _Wrap(asx.AutoModule):
+    inner: _Data
+
+
+class _EqxData(eqx.Module):
+    x: jax.Array
+
+
+class _EqxWrap(eqx.Module):
+    inner: _EqxData
+
+
+def test_a_number_in_a_module_typed_field_is_a_prefix_leaf_as_in_eqx_module():
+    # `Wrap(0)` as a `jax.vmap` `in_axes` prefix, `Wrap(True)` as a filter spec: the
+    # number stands for the whole subtree, as in an `eqx.Module`.
+    auto, twin = _Wrap(_Data(jnp.ones((3, 2)))), _EqxWrap(_EqxData(jnp.ones((3, 2))))
+    assert keystrs(_Wrap(0)) == keystrs(_EqxWrap(0)) == [".inner"]
+    total = lambda w: w.inner.x.sum()
+    out = jax.vmap(total, in_axes=(_Wrap(0),))(auto)
+    assert out.tolist() == jax.vmap(total, in_axes=(_EqxWrap(0),))(twin).tolist()
+    kept, _ = eqx.partition(auto, _Wrap(True))
+    assert kept.inner.x is auto.inner.x

@@ -283,5 +283,24 @@ def test_a_bumped_static_counter_s_structure_error_names_the_field_and_the_fix()
     else:
         raise AssertionError("a new static value is a new pytree")
     assert "StaticCounter.step: a Python number, static" in message
-    assert 'annotate it `Int[ArrayLike, ""]`' in message
+    assert 'annotate it as an array (`Int[ArrayLike, ""]`' in message
     assert "], 1)" in message and "], 0)" in message  # both values
+
+
+class LoopState(asx.AutoModule):
+    x: jax.Array
+    save_index: int
+
+
+def test_a_static_counter_in_while_loop_state_names_the_field_and_the_fix():
+    def body(s):
+        return LoopState(s.x + 1, s.save_index + 1)
+
+    try:
+        jax.lax.while_loop(lambda s: s.x[0] < 3, body, LoopState(jnp.zeros(2), 0))
+    except TypeError as e:
+        message = str(e)
+    else:
+        raise AssertionError("the carry's static number changed")
+    assert "LoopState.save_index: a Python number, static" in message
+    assert "Int[ArrayLike" in message

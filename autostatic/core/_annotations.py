@@ -4,8 +4,9 @@ Values alone cannot tell a size (`hidden = 32`, static) from the first value of 
 state (`num_steps = 0`, which a `lax.while_loop` body replaces by an array, so it must
 be a leaf, as in an `eqx.Module`). Annotations can: a field whose annotation admits an
 array (`jax.Array`, `np.ndarray`, `jax.typing.ArrayLike`, jaxtyping's
-`Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them) holds array values,
-so Python numbers and `jax.ShapeDtypeStruct`s in it stand for arrays and are leaves.
+`Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them, or a module class)
+holds array values, so Python numbers and `jax.ShapeDtypeStruct`s in it stand for
+arrays (or, for a module class, for a subtree of them) and are leaves.
 An `int`, `float`, `Any`-annotated or unannotated field keeps them static. A numpy
 scalar is an array wherever it is (`eqx.is_array`), so one in a field annotated `int`
 (`hidden = np.prod(shape)`, ported from a field Equinox marked static) is warned of.
@@ -17,6 +18,7 @@ import types
 import typing
 from typing import Any, Final
 
+import equinox as eqx
 import jax
 import numpy as np
 
@@ -77,6 +79,10 @@ def _admits_array(annotation: Any, depth: int = 0) -> bool:
         return _ARRAY_WORDS.search(annotation) is not None
     if isinstance(annotation, type):
         if issubclass(annotation, (jax.Array, np.ndarray, np.generic)):
+            return True
+        # A module class: a number there stands for a subtree of arrays (an `in_axes`
+        # prefix `Wrap(0)`, a filter spec `Wrap(True)`), never for a size.
+        if issubclass(annotation, eqx.Module):
             return True
         # jaxtyping's `Float[Array, "n"]`, and its `PyTree[leaf type]`.
         if hasattr(annotation, "array_type") and hasattr(annotation, "dtypes"):
