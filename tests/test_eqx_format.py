@@ -487,3 +487,32 @@ def test_mutated_equinox_files_fail_cleanly():
         300,
     )
     assert outcomes["refused"] > 50 and outcomes["loaded"] > 10, outcomes
+
+
+@pytest.mark.parametrize("abstract", [True, False])
+def test_eqx_tree_deserialise_leaves_reads_files_with_and_without_static_fields(
+    abstract, tmp_path
+):
+    # Porting stays the base swap alone: the original's own loading line reads the
+    # file it wrote, although it marked `num_heads` static and never wrote it.
+    original = EqxEncoder(2, jax.random.key(4))
+    eqx.tree_serialise_leaves(tmp_path / "bert.eqx", original)
+    make = lambda: AutoEncoder(2, KEY, AutoAttention)
+    like = eqx.filter_eval_shape(make) if abstract else make()
+    ported = eqx.tree_deserialise_leaves(tmp_path / "bert.eqx", like)
+    assert_same_arrays(ported, original)
+    assert ported.blocks[1].num_heads == 2
+    from_bytes = io.BytesIO((tmp_path / "bert.eqx").read_bytes())
+    assert_same_arrays(eqx.tree_deserialise_leaves(from_bytes, like), original)
+    # And the file the port writes (every field) reads back the same way.
+    eqx.tree_serialise_leaves(tmp_path / "port.eqx", ported)
+    again = eqx.tree_deserialise_leaves(tmp_path / "port.eqx", like)
+    assert_same_arrays(again, original)
+    # A template that fits neither way is refused, naming where.
+    other = eqx.filter_eval_shape(lambda: AutoEncoder(2, KEY, _narrower))
+    with pytest.raises(CheckpointError, match=r"\.blocks\[0\]\.attention"):
+        eqx.tree_deserialise_leaves(tmp_path / "bert.eqx", other)
+
+
+def _narrower(hidden: int, num_heads: int, key: jax.Array) -> AutoAttention:
+    return AutoAttention(64, num_heads, key)

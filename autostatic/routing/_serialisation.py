@@ -6,7 +6,9 @@ fields. An AutoModule keeps those in its aux data, so both functions are routed 
 work on the exposed form (`_exposed.expose`, declared-static fields kept static):
 the leaves Equinox sees are then those of the same model written as an
 `eqx.Module`, and the files are the same, byte for byte, in both directions. A
-loaded tree has its partition decided afresh from the values read.
+loaded tree has its partition decided afresh from the values read. A file that
+does not fit the exposed template, with Equinox's default filter spec, is read by
+`load_eqx`: a file whose writer marked fields static (and so did not write them).
 
 A filter spec that is a pytree of functions above the AutoModules (`(spec, spec)`
 for `(model, opt_state)`) is applied to each subtree exposed, as it is to an
@@ -14,6 +16,7 @@ for `(model, opt_state)`) is applied to each subtree exposed, as it is to an
 fits their own form, and is applied to their arrays.
 """
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +26,8 @@ from .._compat import (
     original_tree_deserialise_leaves,
     original_tree_serialise_leaves,
 )
+from ..checkpoint._eqx_format import load_eqx
+from ..checkpoint._errors import CheckpointError
 from ..core._exposed import decide_again, expose, holds_modules
 
 
@@ -63,11 +68,38 @@ def tree_deserialise_leaves(
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
     exposed, kwargs = _exposed_and_kwargs(like, filter_spec)
-    loaded = original_tree_deserialise_leaves(
-        path_or_file, exposed, is_leaf=is_leaf, **kwargs
-    )
-    # Decided afresh from the values read (and a tree without modules unchanged).
-    return loaded if exposed is like else decide_again(loaded)
+    if exposed is like:  # no modules: Equinox's, as it is
+        return original_tree_deserialise_leaves(
+            path_or_file, like, is_leaf=is_leaf, **kwargs
+        )
+    start = _position(path_or_file)
+    try:
+        loaded = original_tree_deserialise_leaves(
+            path_or_file, exposed, is_leaf=is_leaf, **kwargs
+        )
+    except Exception as err:
+        if filter_spec is not None or is_leaf is not None or start is None:
+            raise
+        # Perhaps written by the `eqx.Module` before the port, which did not write
+        # the fields it marked static: `load_eqx` aligns the file past them, checking
+        # every array and stored value, and names what does not fit.
+        if not isinstance(path_or_file, (str, os.PathLike)):
+            path_or_file.seek(start)
+        try:
+            return load_eqx(path_or_file, like)
+        except CheckpointError as aligned:
+            raise aligned from err
+    return decide_again(loaded)  # decided afresh from the values read
+
+
+def _position(path_or_file: Any) -> int | None:
+    """Where a file object stands (`None` if it cannot seek back); 0 for a path."""
+    if isinstance(path_or_file, (str, os.PathLike)):
+        return 0
+    try:
+        return path_or_file.tell() if path_or_file.seekable() else None
+    except (AttributeError, OSError):
+        return None
 
 
 tree_serialise_leaves.__doc__ = original_tree_serialise_leaves.__doc__
