@@ -33,8 +33,9 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption(
         "--autostatic-rebase",
         default="",
-        help="comma-separated packages or modules whose eqx.Module classes become "
-        "autostatic.AutoModule subclasses (e.g. diffrax,lineax,tests)",
+        help="comma-separated packages or modules, or directories or files of "
+        "modules, whose eqx.Module classes become autostatic.AutoModule subclasses "
+        "(e.g. diffrax,lineax,tests)",
     )
     group.addoption(
         "--autostatic-drop-static-markers",

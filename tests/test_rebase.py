@@ -208,3 +208,78 @@ def test_the_plugin_module_does_not_shadow_the_function():
     import autostatic.rebased  # noqa: F401
 
     assert callable(asx.rebase) and asx.rebase.__module__ == "autostatic.rebase._rebase"
+
+
+def test_a_tests_directory_without_init_is_rebased_by_its_path(tmp_path):
+    # pytest imports such test modules by their basenames (`test_lib`), which no
+    # package name can take; the directory can.
+    _write_project(tmp_path)
+    (tmp_path / "fake_tests" / "__init__.py").unlink()
+    args = ("-p", "autostatic.rebased", "--autostatic-rebase=fakelib,fake_tests")
+    run = _pytest(tmp_path, *args)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 passed" in run.stdout
+    assert "fake_tests: 1 direct eqx.Module subclasses rebased" in run.stdout
+
+
+DEPENDENT = """
+import fakelib
+
+class Twice(fakelib.Linear):
+    def __call__(self, x):
+        return 2 * super().__call__(x)
+"""
+
+
+def test_classes_left_on_an_unnamed_equinox_library_are_named(tmp_path):
+    _write_project(tmp_path)
+    (tmp_path / "fakedep").mkdir()
+    (tmp_path / "fakedep" / "__init__.py").write_text(DEPENDENT)
+    script = tmp_path / "script.py"
+    script.write_text("import autostatic as asx, fakedep\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "autostatic.rebased", "fakedep", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "fakedep.Twice (on fakelib.Linear)" in run.stderr, run.stderr
+    assert "Add fakelib to the rebase" in run.stderr
+
+
+HIDING = """
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+class Holder(eqx.Module):
+    w: jax.Array
+    fn: object
+
+    def __init__(self):
+        self.w = jnp.ones(2)
+        scale = jnp.full(2, 3.0)
+        self.fn = lambda x: x * scale  # an array in a closure: hidden
+"""
+
+
+def test_a_suite_with_warnings_as_errors_is_told_once_per_class(tmp_path):
+    # Stock, Equinox says nothing of an array in a closure; rebased, AutoModule
+    # would warn, failing a suite that runs with warnings as errors over code its
+    # runner did not port. The summary says it instead, once per class.
+    (tmp_path / "hidinglib").mkdir()
+    (tmp_path / "hidinglib" / "__init__.py").write_text(HIDING)
+    (tmp_path / "test_hiding.py").write_text(
+        "import hidinglib\n\n"
+        "def test_twice():\n"
+        "    hidinglib.Holder()\n"
+        "    hidinglib.Holder()\n"
+    )
+    args = ("-W", "error", "-p", "autostatic.rebased")
+    run = _pytest(tmp_path, *args, "--autostatic-rebase=hidinglib")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 rebased class(es) hold values AutoModule warns of" in run.stdout
+    assert run.stdout.count("Holder.fn") == 1
+    assert "holds an array" in run.stdout

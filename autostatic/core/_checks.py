@@ -24,7 +24,7 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import equinox as eqx
@@ -352,14 +352,30 @@ def _refuse_ndarray(where: str, leaf: Any) -> None:
     )
 
 
+# Who is told of the problems found in a class, instead of a warning: a rebase tells
+# whoever runs a library rebased once per class, in its summary, so that a suite
+# run with warnings as errors is not failed by code its runner did not port.
+ProblemSink = Callable[[type, str], bool]  # True: taken, no warning
+_problem_sink: ProblemSink | None = None
+
+
+def send_problems_to(sink: ProblemSink | None) -> None:
+    """Sends the problems `check_field` finds to `sink` (None: warnings again)."""
+    global _problem_sink
+    _problem_sink = sink
+
+
 def _check_static(cls: type, where: str, leaf: Any, transformed: bool) -> None:
     """Warns of a static leaf that hides an array, cannot be compared, or is an
     iterator; and, as Equinox does, of a JAX-transformed callable."""
     if transformed:
         _compat.warn_if_transformed(cls, leaf)
     problem = _static_problem(leaf)
-    if problem is not None:
-        warn_once((where, problem), f"{where} {problem}")
+    if problem is None:
+        return
+    if _problem_sink is not None and _problem_sink(cls, f"{where} {problem}"):
+        return
+    warn_once((where, problem), f"{where} {problem}")
 
 
 def _static_problem(value: Any) -> str | None:

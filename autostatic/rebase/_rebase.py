@@ -18,6 +18,7 @@ which no class was rebased.
 import builtins
 import copy
 import dataclasses
+import pathlib
 import sys
 import threading
 import types
@@ -27,6 +28,7 @@ from typing import Any
 import equinox as eqx
 
 from .._compat import ModuleMeta, wrap_module_creation
+from ..core._checks import send_problems_to
 from ..core._module import AutoModule
 
 
@@ -39,22 +41,52 @@ class Rebase:
 
     def __init__(self, packages: tuple[str, ...], drop_static_markers: bool):
         self.packages = packages
+        # An entry naming a directory or file (`tests`, with or without an
+        # `__init__.py`, whose modules pytest imports by their basenames) also takes
+        # every module whose file lies under it.
+        self.paths = {p: _existing_path(p) for p in packages}
+        # Classes of the named packages deriving from an Equinox class of a package
+        # not named (`flowjax` on `paramax`): left on `eqx.Module`, so the model is
+        # mixed. `(class, base)` names.
+        self.left_mixed: list[tuple[str, str]] = []
+        # The first problem `check_field` found in each rebased class, said in the
+        # summary instead of warned of (`_take_problem`).
+        self.problems: dict[str, str] = {}
         self.drop_static_markers = drop_static_markers
         self.rebased: dict[str, list[str]] = {p: [] for p in packages}
         self.markers_dropped: dict[str, int] = dict.fromkeys(packages, 0)
         self._undo: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
-    def package_of(self, module: str) -> str | None:
-        return next((p for p in self.packages if _is_within(module, p)), None)
+    def package_of(self, module: str, file: str | None = None) -> str | None:
+        """The entry that takes the module named `module` (defined in `file`)."""
+        for package in self.packages:
+            if _is_within(module, package) or _is_under(file, self.paths[package]):
+                return package
+        return None
+
+    def imported(self, package: str) -> list[str]:
+        """The modules of `sys.modules` that `package` takes."""
+        path = self.paths[package]
+        return sorted(
+            name
+            for name, module in list(sys.modules.items())
+            if _is_within(name, package)
+            or (path is not None and _is_under(getattr(module, "__file__", None), path))
+        )
 
     def _rebase_class_statement(
-        self, module: str, name: str, bases: tuple[Any, ...], kwds: dict[str, Any]
+        self,
+        module: str,
+        file: str | None,
+        name: str,
+        bases: tuple[Any, ...],
+        kwds: dict[str, Any],
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The bases and keywords of a class statement in `module`: `eqx.Module` as
         a base becomes `AutoModule`, and Equinox's metaclass (as a base of a library's
         own metaclass, or given as `metaclass=`) becomes AutoModule's."""
-        package = self.package_of(module)
+        package = self.package_of(module, file)
         if package is None:
             return bases, kwds
         auto_meta = type(AutoModule)
@@ -62,18 +94,45 @@ class Rebase:
             bases = tuple(AutoModule if b is eqx.Module else b for b in bases)
             with self._lock:
                 self.rebased[package].append(f"{module}.{name}")
+        for base in bases:
+            if self._left_on_equinox(base):
+                with self._lock:
+                    self.left_mixed.append((f"{module}.{name}", _qualname(base)))
         if ModuleMeta in bases:
             bases = tuple(auto_meta if b is ModuleMeta else b for b in bases)
         if kwds.get("metaclass") is ModuleMeta:
             kwds = {**kwds, "metaclass": auto_meta}
         return bases, kwds
 
+    def _take_problem(self, cls: type, message: str) -> bool:
+        """Keeps the first problem of each class of a named package, for the
+        summary; a class of anyone else's is warned of as usual."""
+        file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if self.package_of(cls.__module__, file) is None:
+            return False
+        with self._lock:
+            if len(self.problems) < _MOST_PROBLEMS_KEPT:
+                self.problems.setdefault(_qualname(cls), message)
+        return True
+
+    def _left_on_equinox(self, base: Any) -> bool:
+        """`base` is an Equinox class of a package that is neither named nor
+        Equinox's own: a subclass of it stays an `eqx.Module`."""
+        if not (isinstance(base, type) and issubclass(base, eqx.Module)):
+            return False
+        if issubclass(base, AutoModule):
+            return False
+        top = base.__module__.split(".")[0]
+        return top != "equinox" and self.package_of(base.__module__) is None
+
     def _drop_markers(
         self, bases: tuple[type, ...], namespace: dict[str, Any]
     ) -> dict[str, Any]:
         """The namespace of a new AutoModule class of a named package, without
         `static=True` in its fields."""
-        package = self.package_of(str(namespace.get("__module__", "")))
+        module = str(namespace.get("__module__", ""))
+        file = getattr(sys.modules.get(module), "__file__", None)
+        package = self.package_of(module, file)
         if package is None or not any(issubclass(b, AutoModule) for b in bases):
             return namespace
         namespace, dropped = _without_static_markers(namespace)
@@ -91,7 +150,31 @@ class Rebase:
             )
             for p in self.packages
         ]
-        return "autostatic rebase: " + "; ".join(parts)
+        lines = ["autostatic rebase: " + "; ".join(parts)]
+        if self.left_mixed:
+            lines.append(str(self.mixed_warning()))
+        if self.problems:
+            lines.append(
+                f"autostatic rebase: {len(self.problems)} rebased class(es) hold "
+                "values AutoModule warns of (said here, once per class, not as "
+                "warnings):"
+            )
+            lines += [f"  {message}" for message in self.problems.values()]
+        return "\n".join(lines)
+
+    def mixed_warning(self) -> str | None:
+        """What to say of classes left on `eqx.Module` (`left_mixed`), if any."""
+        if not self.left_mixed:
+            return None
+        shown = ", ".join(f"{c} (on {b})" for c, b in self.left_mixed[:3])
+        more = len(self.left_mixed) - 3
+        packages = sorted({b.split(".")[0] for _, b in self.left_mixed})
+        return (
+            f"autostatic rebase: {len(self.left_mixed)} class(es) derive from Equinox "
+            f"classes of packages not rebased, so they stay eqx.Modules and their "
+            f"models are mixed: {shown}{f', and {more} more' if more > 0 else ''}. "
+            f"Add {', '.join(packages)} to the rebase."
+        )
 
     def check(self, *, imported_only: bool = False) -> None:
         """Raises `RebaseError` if a named package was never imported (with
@@ -100,18 +183,20 @@ class Rebase:
         `eqx.Module` as a direct base: it may legitimately have none (a test package
         using the library's classes)."""
         for package in self.packages:
-            if package not in sys.modules and not imported_only:
+            if not imported_only and not self.imported(package):
                 raise RebaseError(
                     f"autostatic rebase: {package!r} was never imported, so nothing "
-                    "in it was rebased. Check the package name."
+                    "in it was rebased. Name a package or module, or a directory or "
+                    "file of modules (such as the tests' directory)."
                 )
         if not any(self.rebased.values()) and (
-            not imported_only or any(p in sys.modules for p in self.packages)
+            not imported_only or any(self.imported(p) for p in self.packages)
         ):
             raise RebaseError(
                 f"autostatic rebase: no class of {', '.join(map(repr, self.packages))} "
                 "was rebased: none of them defines a class with eqx.Module as a "
                 "direct base."
+                + (f"\n{self.mixed_warning()}" if self.left_mixed else "")
             )
 
     def undo(self) -> None:
@@ -146,8 +231,11 @@ def _wrap_build_class(installed: Rebase) -> Callable[[], None]:
     original = builtins.__build_class__
 
     def __build_class__(func: Any, name: str, /, *bases: Any, **kwds: Any) -> Any:
-        module = getattr(func, "__globals__", {}).get("__name__", "")
-        new_bases, kwds = installed._rebase_class_statement(module, name, bases, kwds)
+        globals_ = getattr(func, "__globals__", {})
+        module, file = globals_.get("__name__", ""), globals_.get("__file__")
+        new_bases, kwds = installed._rebase_class_statement(
+            module, file, name, bases, kwds
+        )
         return original(func, name, *new_bases, **kwds)
 
     builtins.__build_class__ = __build_class__
@@ -162,7 +250,25 @@ def _is_within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _existing_path(entry: str) -> pathlib.Path | None:
+    path = pathlib.Path(entry)
+    return path.resolve() if path.exists() else None
+
+
+def _is_under(file: str | None, path: pathlib.Path | None) -> bool:
+    if file is None or path is None:
+        return False
+    resolved = pathlib.Path(file).resolve()
+    return resolved == path or path in resolved.parents
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 _active: Rebase | None = None
+# Problems kept for a summary, at most: one per class.
+_MOST_PROBLEMS_KEPT = 100
 
 
 def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Rebase:
@@ -171,8 +277,10 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
 
     **Arguments:**
 
-    - `packages`: package or module names, e.g. `["diffrax", "lineax", "tests"]`;
-        their submodules are included.
+    - `packages`: package or module names, e.g. `["diffrax", "lineax"]`, their
+        submodules included; an entry that names an existing directory or file
+        (`"tests"`, relative to the working directory) also takes every module
+        defined in a file under it, with or without an `__init__.py`.
     - `drop_static_markers`: also remove `static=True` from their `eqx.field`s.
 
     **Returns:** the installed `Rebase`: what it rebased, `check()`, `undo()`.
@@ -189,7 +297,8 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
             f"autostatic rebase: a rebase of {', '.join(_active.packages)} is active "
             "already; name every package in one rebase."
         )
-    imported = sorted(m for m in sys.modules if any(_is_within(m, p) for p in names))
+    installed = Rebase(names, drop_static_markers)
+    imported = sorted({m for p in names for m in installed.imported(p)})
     if imported:
         raise RebaseError(
             f"autostatic rebase: {', '.join(imported[:3])} "
@@ -197,8 +306,9 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
             "its classes are eqx.Modules and stay so. Install the rebase before the "
             "first import (pytest: -p autostatic.rebased --autostatic-rebase=...)."
         )
-    installed = Rebase(names, drop_static_markers)
     installed._undo.append(_wrap_build_class(installed))
+    send_problems_to(installed._take_problem)
+    installed._undo.append(lambda: send_problems_to(None))
     if drop_static_markers:
         installed._undo.append(wrap_module_creation(installed._drop_markers))
     _active = installed
