@@ -66,7 +66,8 @@ def _targets(results: dict[str, Any]) -> list[str]:
 def _results_table(results: dict[str, Any]) -> list[str]:
     """The heading, then a row per library and mode."""
     lines = [
-        "# Ecosystem report: diffrax, lineax and optimistix with their Modules auto-static",
+        "# Ecosystem report: diffrax, lineax, optimistix and quax with their Modules "
+        "auto-static",
         "",
         "Made by `python -m ecosystem` (see `ecosystem/run.py` for what each mode does).",
         "Each library's own tests at the tag of the installed version; every K-th item of "
@@ -108,7 +109,13 @@ def _missing_and_notes(results: dict[str, Any]) -> list[str]:
             "--only LIB` to add a library).",
         ]
         lines += [f"- {lib}: {NOT_RUN[lib]}" for lib in missing if lib in NOT_RUN]
-    notes = [(lib, r["note"]) for lib, r in results.items() if r.get("note")]
+    notes = [
+        (lib, f"run at autostatic {r['autostatic_commit']}. {r.get('note', '')}")
+        if r.get("autostatic_commit")
+        else (lib, r["note"])
+        for lib, r in results.items()
+        if r.get("note") or r.get("autostatic_commit")
+    ]
     if notes:
         lines += [""] + [f"- {lib}: {note}" for lib, note in notes]
     return lines

@@ -1,5 +1,5 @@
-"""The ecosystem report: diffrax, lineax and optimistix's own test suites with their
-Modules auto-static.
+"""The ecosystem report: diffrax, lineax, optimistix and quax's own test suites with
+their Modules auto-static.
 
     python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--jobs N]
                         [--out DIR]
@@ -35,13 +35,19 @@ from pathlib import Path
 from typing import Any
 
 # Library, the folder of its tests in its repository.
-LIBRARIES = {"lineax": "tests", "optimistix": "tests", "diffrax": "test"}
+LIBRARIES = {
+    "lineax": "tests",
+    "optimistix": "tests",
+    "diffrax": "test",
+    "quax": "tests",
+}
 # The sample taken by default: every K-th item of each file (at least one a file).
 # lineax's and optimistix's three modes take about 35 minutes on this 2-core machine
 # (lineax has 4215 items at about 3 s each); diffrax's items compile whole solves, so
 # it gets the first item of each file: 21 items, about 30 minutes with the three
 # modes side by side (`--jobs 3`).
-EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 1000}
+# quax's whole suite runs (its items are small).
+EVERY = {"lineax": 40, "optimistix": 8, "diffrax": 1000, "quax": 1}
 MODES = {
     "baseline": [],
     "b": ["-p", "autostatic.rebased", "--autostatic-rebase={packages}"],
@@ -115,13 +121,31 @@ def _git_archive(git_dir: str, tag: str, paths: list[str], into: Path) -> None:
             tar.extractall(into, filter="data")
 
 
-def extract(library: str, git_dir: str | None, work: Path) -> Path:
-    """The library's tests at the tag of the installed version, under `work`."""
+def _sdist_extract(sdist: str, paths: list[str], into: Path) -> None:
+    """`paths` of a source distribution (`NAME-VERSION/...` inside), under `into`."""
+    with tarfile.open(sdist) as tar:
+        members = []
+        for member in tar.getmembers():
+            inner = member.name.split("/", 1)[-1]
+            if any(inner == p or inner.startswith(p + "/") for p in paths):
+                member.name = inner
+                members.append(member)
+        tar.extractall(into, members=members, filter="data")
+
+
+def extract(library: str, source: str | None, work: Path) -> Path:
+    """The library's tests at the tag of the installed version, under `work`, from
+    its git directory, or from its source distribution (a `.tar.gz`: for a version
+    whose tag the repository lacks)."""
     version = importlib.metadata.version(library)
     root = work / library
     if (root / LIBRARIES[library]).exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
+    if source is not None and source.endswith(".tar.gz"):
+        _sdist_extract(source, [LIBRARIES[library], "pyproject.toml"], root)
+        return root
+    git_dir = source
     if git_dir is None:
         git_dir = str(work / f"{library}.git")
         if not Path(git_dir).exists():
@@ -260,7 +284,14 @@ def _gist(message: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ecosystem", description=__doc__)
-    parser.add_argument("--git-dir", action="append", default=[], metavar="LIB=PATH")
+    parser.add_argument(
+        "--git-dir",
+        action="append",
+        default=[],
+        metavar="LIB=PATH",
+        help="the library's git directory, or its sdist (.tar.gz) where a tag is "
+        "missing",
+    )
     parser.add_argument(
         "--every", type=int, metavar="K", help="sample every K-th item (default: EVERY)"
     )
@@ -313,10 +344,23 @@ def _run_library(
         )
     return {
         "version": importlib.metadata.version(library),
+        "autostatic_commit": _autostatic_commit(),
         "collected": len(items),
         "every": every,
         "outcomes": [asdict(o) for o in outcomes],
     }
+
+
+def _autostatic_commit() -> str:
+    """The commit of the autostatic checkout run (with `+` if it has changes)."""
+    here = Path(__file__).parent
+
+    def git(*args: str) -> str:
+        run = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True)
+        return run.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+" if git("status", "--porcelain", "--", "autostatic") else "")
 
 
 def main(argv: list[str] | None = None) -> int:
