@@ -110,15 +110,37 @@ def _missing_and_notes(results: dict[str, Any]) -> list[str]:
         ]
         lines += [f"- {lib}: {NOT_RUN[lib]}" for lib in missing if lib in NOT_RUN]
     notes = [
-        (lib, f"run at autostatic {r['autostatic_commit']}. {r.get('note', '')}")
-        if r.get("autostatic_commit")
-        else (lib, r["note"])
+        (lib, " ".join(filter(None, (_runs(r), _never_run(r), r.get("note")))))
         for lib, r in results.items()
-        if r.get("note") or r.get("autostatic_commit")
     ]
+    notes = [(lib, note) for lib, note in notes if note]
     if notes:
         lines += [""] + [f"- {lib}: {note}" for lib, note in notes]
     return lines
+
+
+def _runs(result: dict[str, Any]) -> str:
+    """The runs merged into a library's results: part, items, autostatic commit."""
+    runs = result.get("runs") or []
+    if not runs:
+        return ""
+    said = [f"{r['part']} ({r['items']} items) at {r['autostatic']}" for r in runs]
+    return f"Runs: {'; '.join(said)}."
+
+
+def _never_run(result: dict[str, Any]) -> str:
+    """The collected items no mode has run, and the files none of whose items ran."""
+    files = result.get("collected_files")
+    ran = {n for o in result["outcomes"] for n in o.get("statuses", {})}
+    if not files or not ran:
+        return ""
+    never = result["collected"] - len(ran)
+    untouched = sorted(set(files) - {n.split("::")[0] for n in ran})
+    shown = ", ".join(f"`{f}`" for f in untouched[:8])
+    more = f" and {len(untouched) - 8} more" if len(untouched) > 8 else ""
+    return f"Never run: {never} of the {result['collected']} collected items" + (
+        f"; files with none run: {shown}{more}." if untouched else "."
+    )
 
 
 def _failures_by_cause(results: dict[str, Any]) -> list[str]:

@@ -2,7 +2,7 @@
 their Modules auto-static.
 
     python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--jobs N]
-                        [--out DIR]
+                        [--part K/N] [--out DIR]
 
 For each library, the tests of the git tag matching the installed version are
 extracted (never committed), collected, and a deterministic sample (every K-th item
@@ -106,6 +106,12 @@ class Outcome:
     # node id -> (cause, first line of the message)
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)
     rebase_summary: str = ""
+    # node id -> "passed", "failed" or "skipped": what runs of parts merge by
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    def note(self, node: str, status: str) -> None:
+        self.statuses[node] = status
+        setattr(self, status, getattr(self, status) + 1)
 
 
 def _git_archive(git_dir: str, tag: str, paths: list[str], into: Path) -> None:
@@ -254,19 +260,20 @@ def _run_file(
             problem = case.find("error")
         if problem is not None:
             message = "\n".join(filter(None, (problem.get("message"), problem.text)))
-            outcome.failed += 1
+            outcome.note(node, "failed")
             outcome.failures[node] = (classify(message), _gist(message))
         elif case.find("skipped") is not None:
-            outcome.skipped += 1
+            outcome.note(node, "skipped")
         else:
-            outcome.passed += 1
+            outcome.note(node, "passed")
     lost = [i for i in items if i not in seen]
     if lost:  # the process died, or could not collect the file
         tail = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no output"]
         why = f"not run: pytest ended with exit code {run.returncode} ({tail[0][:200]})"
         cause = "crash" if run.returncode < 0 or not cases else classify(tail[0])
-        outcome.failed += len(lost)
-        outcome.failures.update({i: (cause, why) for i in lost})
+        for node in lost:
+            outcome.note(node, "failed")
+            outcome.failures[node] = (cause, why)
 
 
 _ERROR_LINE = re.compile(r"^E?\s*((\w+\.)*\w+(Error|Exception|Warning)\b.*)$")
@@ -298,6 +305,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", action="append", choices=sorted(LIBRARIES))
     parser.add_argument("--modes", default="baseline,b,b2")
     parser.add_argument(
+        "--part",
+        metavar="K/N",
+        help="only the test files of part K of N (every N-th file by path); runs of "
+        "parts merge into --out's results, each recorded with its commit",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -327,7 +340,7 @@ def _run_library(
     root = extract(library, git_dir, args.work)
     items = collect(root)
     every = args.every or EVERY[library]
-    chosen = sample(items, every)
+    chosen = in_part(sample(items, every), args.part)
     print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
     modes = args.modes.split(",")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -342,13 +355,80 @@ def _run_library(
             f"{outcome.skipped} skipped ({outcome.seconds:.0f} s)",
             flush=True,
         )
+    files: dict[str, int] = {}
+    for item in items:
+        files[_file_of(item)] = files.get(_file_of(item), 0) + 1
     return {
         "version": importlib.metadata.version(library),
-        "autostatic_commit": _autostatic_commit(),
         "collected": len(items),
+        "collected_files": files,
         "every": every,
         "outcomes": [asdict(o) for o in outcomes],
+        "runs": [
+            {
+                "autostatic": _autostatic_commit(),
+                "part": args.part or "all",
+                "items": len(chosen),
+            }
+        ],
     }
+
+
+def _file_of(item: str) -> str:
+    return item.split("::")[0]
+
+
+def in_part(items: list[str], part: str | None) -> list[str]:
+    """The items of part `K/N`: those of every N-th test file (sorted by path),
+    starting with the K-th; all of them without a part."""
+    if part is None:
+        return items
+    k, n = map(int, part.split("/"))
+    if not 1 <= k <= n:
+        raise SystemExit(f"--part {part}: K must be between 1 and N")
+    files = sorted({_file_of(i) for i in items})[k - 1 :: n]
+    return [i for i in items if _file_of(i) in set(files)]
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """One library's results of an earlier run and of a new one (another part, or
+    the same items again): each item's latest outcome per mode. Results of another
+    version or sample, or without per-item outcomes, are replaced."""
+    same = (old.get("version"), old.get("every")) == (new["version"], new["every"])
+    if not same or not all("statuses" in o for o in old["outcomes"]):
+        return new
+    old_by_mode = {o["mode"]: o for o in old["outcomes"]}
+    outcomes = []
+    for o in new["outcomes"]:
+        before = old_by_mode.pop(o["mode"], None)
+        outcomes.append(o if before is None else _merged(before, o))
+    return {
+        **new,
+        "outcomes": outcomes + list(old_by_mode.values()),
+        "runs": old.get("runs", []) + new["runs"],
+    }
+
+
+def _merged(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    statuses = {**before["statuses"], **after["statuses"]}
+    failures = {
+        node: why
+        for node, why in {**before["failures"], **after["failures"]}.items()
+        if statuses.get(node) == "failed"
+    }
+    counts = {k: sum(v == k for v in statuses.values()) for k in _STATUSES}
+    return {
+        **after,
+        **counts,
+        "selected": len(statuses),
+        "seconds": before["seconds"] + after["seconds"],
+        "failures": failures,
+        "statuses": statuses,
+        "rebase_summary": after["rebase_summary"] or before["rebase_summary"],
+    }
+
+
+_STATUSES = ("passed", "failed", "skipped")
 
 
 def _autostatic_commit() -> str:
@@ -377,8 +457,15 @@ def main(argv: list[str] | None = None) -> int:
         results[library] = _run_library(library, git_dirs.get(library), args)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.json"
-    if args.only and path.exists():  # the other libraries' results stay as they were
-        results = {**json.loads(path.read_text()), **results}
+    if path.exists():  # other libraries stay as they were; parts are merged
+        earlier = json.loads(path.read_text())
+        results = {
+            **earlier,
+            **{
+                lib: merge(earlier[lib], r) if lib in earlier else r
+                for lib, r in results.items()
+            },
+        }
     path.write_text(json.dumps(results, indent=1) + "\n")
 
     (args.out / "report.md").write_text(render(results))

@@ -76,3 +76,44 @@ def test_report_judges_each_mode_against_its_target() -> None:
     assert "- lineax, b: **MISSED**, 95.0% (target >= 100%; 1 new failures)" in text
     assert "- lineax, b2: **MET**, 95.0% (target >= 95%; 1 new failures)" in text
     assert "Not in these results: optimistix, diffrax" in text
+
+
+def test_runs_of_parts_merge_and_the_report_says_what_never_ran() -> None:
+    from ecosystem.report import render
+    from ecosystem.run import in_part, merge
+
+    items = [f"t/{f}.py::{i}" for f in "abcd" for i in "xy"]
+    first, second = in_part(items, "1/2"), in_part(items, "2/2")
+    assert first == ["t/a.py::x", "t/a.py::y", "t/c.py::x", "t/c.py::y"]
+    assert sorted(first + second) == sorted(items)
+
+    def result(part: str, statuses: dict[str, str]) -> dict:
+        failures = {n: ("other", "boom") for n, s in statuses.items() if s == "failed"}
+        counts = {
+            k: sum(v == k for v in statuses.values())
+            for k in ("passed", "failed", "skipped")
+        }
+        outcome = {
+            "mode": "baseline", "selected": len(statuses), **counts, "seconds": 1.0,
+            "failures": failures, "rebase_summary": "", "statuses": statuses,
+        }  # fmt: skip
+        return {
+            "version": "1.0", "collected": 8, "every": 1, "outcomes": [outcome],
+            "collected_files": {f"t/{f}.py": 2 for f in "abcd"},
+            "runs": [{"autostatic": "abc1234", "part": part, "items": len(statuses)}],
+        }  # fmt: skip
+
+    merged = merge(
+        result("1/2", {"t/a.py::x": "passed", "t/a.py::y": "failed"}),
+        result("2/2", {"t/b.py::x": "passed", "t/a.py::y": "passed"}),
+    )
+    (baseline,) = merged["outcomes"]
+    assert (baseline["selected"], baseline["passed"], baseline["failed"]) == (3, 3, 0)
+    assert baseline["failures"] == {}  # a later pass replaces the failure
+    text = render({"lineax": merged})
+    assert "Runs: 1/2 (2 items) at abc1234; 2/2 (2 items) at abc1234." in text
+    assert "Never run: 5 of the 8 collected items" in text
+    assert "`t/c.py`, `t/d.py`" in text
+    # Another version replaces the results instead of merging.
+    other = result("all", {"t/a.py::x": "passed"}) | {"version": "2.0"}
+    assert merge(merged, other) is other
