@@ -162,6 +162,16 @@ def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _runner(root: Path, packages: str, script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "autostatic.rebased", packages, str(script)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def test_pytest_plugin_rebases_a_library_and_its_tests(tmp_path):
     _write_project(tmp_path)
     run = _pytest(
@@ -190,13 +200,7 @@ def test_runner_runs_a_script_rebased(tmp_path):
         "import autostatic as asx, fakelib\n"
         "print(issubclass(fakelib.Base, asx.AutoModule))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "autostatic.rebased", "fakelib", str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = _runner(tmp_path, "fakelib", script)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
     assert "fakelib: 2 direct eqx.Module subclasses rebased" in run.stderr
@@ -237,13 +241,7 @@ def test_classes_left_on_an_unnamed_equinox_library_are_named(tmp_path):
     (tmp_path / "fakedep" / "__init__.py").write_text(DEPENDENT)
     script = tmp_path / "script.py"
     script.write_text("import autostatic as asx, fakedep\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "autostatic.rebased", "fakedep", str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = _runner(tmp_path, "fakedep", script)
     assert "fakedep.Twice (on fakelib.Linear)" in run.stderr, run.stderr
     assert "Add fakelib to the rebase" in run.stderr
 
