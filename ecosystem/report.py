@@ -110,7 +110,12 @@ def _missing_and_notes(results: dict[str, Any]) -> list[str]:
         ]
         lines += [f"- {lib}: {NOT_RUN[lib]}" for lib in missing if lib in NOT_RUN]
     notes = [
-        (lib, " ".join(filter(None, (_runs(r), _never_run(r), r.get("note")))))
+        (
+            lib,
+            " ".join(
+                filter(None, (_runs(r), _never_run(r), _stock_files(r), r.get("note")))
+            ),
+        )
         for lib, r in results.items()
     ]
     notes = [(lib, note) for lib, note in notes if note]
@@ -126,6 +131,14 @@ def _runs(result: dict[str, Any]) -> str:
         return ""
     said = [f"{r['part']} ({r['items']} items) at {r['autostatic']}" for r in runs]
     return f"Runs: {'; '.join(said)}."
+
+
+def _stock_files(result: dict[str, Any]) -> str:
+    files = sorted({f for o in result["outcomes"] for f in o.get("stock_files", [])})
+    if not files:
+        return ""
+    shown = ", ".join(f"`{f}`" for f in files)
+    return f"Run stock in every mode, as they never import the library: {shown}."
 
 
 def _never_run(result: dict[str, Any]) -> str:
