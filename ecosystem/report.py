@@ -71,7 +71,8 @@ def _results_table(results: dict[str, Any]) -> list[str]:
         "",
         "Made by `python -m ecosystem` (see `ecosystem/run.py` for what each mode does).",
         "Each library's own tests at the tag of the installed version; every K-th item of "
-        "each file. *new failures*: items that pass at baseline and fail in the mode.",
+        "each file (K: the densest sample run; the runs merged are listed below). "
+        "*new failures*: items that pass at baseline and fail in the mode.",
         "",
         "| library | items (of collected) | mode | passed | failed | skipped | new failures | baseline-passing kept | time |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -129,8 +130,18 @@ def _runs(result: dict[str, Any]) -> str:
     runs = result.get("runs") or []
     if not runs:
         return ""
-    said = [f"{r['part']} ({r['items']} items) at {r['autostatic']}" for r in runs]
+    said = [
+        f"{r['part']}{_sample_of(r)} ({r['items']} items) at {r['autostatic']}"
+        for r in runs
+    ]
     return f"Runs: {'; '.join(said)}."
+
+
+def _sample_of(run: dict[str, Any]) -> str:
+    """How a run chose its items, where it says: `, every K` (`, new items only`)."""
+    if "every" not in run:
+        return ""
+    return f", every {run['every']}" + (", new items only" if run["new_only"] else "")
 
 
 def _stock_files(result: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 their Modules auto-static.
 
     python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--jobs N]
-                        [--part K/N] [--out DIR]
+                        [--part K/N] [--new-only] [--out DIR]
 
 For each library, the tests of the git tag matching the installed version are
 extracted (never committed), collected, and a deterministic sample (every K-th item
@@ -15,7 +15,10 @@ of each file, in collection order; K=1 runs everything) is run three times:
 
 Each failure is put under the cause its message names (`CAUSES`), and the report
 (`report.md`, `results.json`) lists per library and mode the items selected, passed
-and failed, and each remaining failure grouped by cause.
+and failed, and each remaining failure grouped by cause. Runs add to `--out`'s
+results item by item: another part of the files (`--part`), or a denser sample of the
+items no run has reached (`--every K --new-only`), so a whole suite can be run over
+several sessions.
 """
 
 import argparse
@@ -326,6 +329,12 @@ def _parser() -> argparse.ArgumentParser:
         "parts merge into --out's results, each recorded with its commit",
     )
     parser.add_argument(
+        "--new-only",
+        action="store_true",
+        help="only the sampled items no earlier run in --out's results has reached, "
+        "so a denser sample (a smaller --every) adds to the results item by item",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -356,6 +365,9 @@ def _run_library(
     items = collect(root)
     every = args.every or EVERY[library]
     chosen = in_part(sample(items, every), args.part)
+    if args.new_only:
+        done = _items_run(args.out / "results.json", library)
+        chosen = [i for i in chosen if i not in done]
     print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
     modes = args.modes.split(",")
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -383,6 +395,8 @@ def _run_library(
             {
                 "autostatic": _autostatic_commit(),
                 "part": args.part or "all",
+                "every": every,
+                "new_only": args.new_only,
                 "items": len(chosen),
             }
         ],
@@ -405,11 +419,22 @@ def in_part(items: list[str], part: str | None) -> list[str]:
     return [i for i in items if _file_of(i) in set(files)]
 
 
+def _items_run(path: Path, library: str) -> set[str]:
+    """The items of `library` that the results at `path` hold an outcome of."""
+    if not path.exists():
+        return set()
+    result = json.loads(path.read_text()).get(library)
+    if result is None or result.get("version") != importlib.metadata.version(library):
+        return set()
+    return {n for o in result["outcomes"] for n in o.get("statuses", {})}
+
+
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """One library's results of an earlier run and of a new one (another part, or
-    the same items again): each item's latest outcome per mode. Results of another
-    version or sample, or without per-item outcomes, are replaced."""
-    same = (old.get("version"), old.get("every")) == (new["version"], new["every"])
+    """One library's results of an earlier run and of a new one (another part,
+    another sample, or the same items again): each item's latest outcome per mode,
+    `every` the densest sample run. Results of another version, or without per-item
+    outcomes, are replaced."""
+    same = old.get("version") == new["version"]
     if not same or not all("statuses" in o for o in old["outcomes"]):
         return new
     old_by_mode = {o["mode"]: o for o in old["outcomes"]}
@@ -419,6 +444,7 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         outcomes.append(o if before is None else _merged(before, o))
     return {
         **new,
+        "every": min(old.get("every", new["every"]), new["every"]),
         "outcomes": outcomes + list(old_by_mode.values()),
         "runs": old.get("runs", []) + new["runs"],
     }

@@ -117,3 +117,45 @@ def test_runs_of_parts_merge_and_the_report_says_what_never_ran() -> None:
     # Another version replaces the results instead of merging.
     other = result("all", {"t/a.py::x": "passed"}) | {"version": "2.0"}
     assert merge(merged, other) is other
+
+
+def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None:
+    import importlib.metadata
+    import json
+
+    from ecosystem.report import render
+    from ecosystem.run import _items_run, merge, sample
+
+    items = [f"t/a.py::{i}" for i in range(8)]
+    assert sample(items, 4) == ["t/a.py::0", "t/a.py::4"]
+    version = importlib.metadata.version("lineax")
+
+    def result(every: int, new_only: bool, statuses: dict[str, str]) -> dict:
+        outcome = {
+            "mode": "b", "selected": len(statuses), "passed": len(statuses),
+            "failed": 0, "skipped": 0, "seconds": 1.0, "failures": {},
+            "rebase_summary": "", "statuses": statuses,
+        }  # fmt: skip
+        run = {"autostatic": "abc1234", "part": "all", "every": every,
+               "new_only": new_only, "items": len(statuses)}  # fmt: skip
+        return {
+            "version": version, "collected": 8, "every": every, "outcomes": [outcome],
+            "collected_files": {"t/a.py": 8}, "runs": [run],
+        }  # fmt: skip
+
+    sparse = result(4, False, {i: "passed" for i in sample(items, 4)})
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"lineax": sparse}))
+    done = _items_run(path, "lineax")
+    assert done == {"t/a.py::0", "t/a.py::4"}
+    new = [i for i in sample(items, 2) if i not in done]
+    assert new == ["t/a.py::2", "t/a.py::6"]
+    merged = merge(sparse, result(2, True, {i: "passed" for i in new}))
+    assert merged["every"] == 2
+    assert merged["outcomes"][0]["selected"] == 4
+    text = render({"lineax": merged})
+    assert "all, every 4 (2 items) at abc1234; all, every 2, new items only" in text
+    assert "Never run: 4 of the 8 collected items" in text
+    # Results of another version say nothing about which items ran.
+    path.write_text(json.dumps({"lineax": sparse | {"version": "0.0.0"}}))
+    assert _items_run(path, "lineax") == set()
