@@ -477,7 +477,7 @@ _STATUSES = ("passed", "failed", "skipped")
 
 def _autostatic_commit() -> str:
     """The commit of the autostatic checkout run (with `+` if it has changes)."""
-    here = Path(__file__).parent
+    here = Path(__file__).parent.parent  # the checkout
 
     def git(*args: str) -> str:
         run = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True)

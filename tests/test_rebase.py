@@ -206,6 +206,40 @@ def test_runner_runs_a_script_rebased(tmp_path):
     assert "fakelib: 2 direct eqx.Module subclasses rebased" in run.stderr
 
 
+@pytest.mark.parametrize("entry", ["__main__", "script.py"])
+def test_a_script_s_own_classes_are_rebased_by_name_or_path(tmp_path, entry):
+    # A script run by `runpy` is `__main__`, and no longer in `sys.modules` once it
+    # has run: naming its file must still count it as imported.
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import autostatic as asx, equinox as eqx\n"
+        "class Model(eqx.Module):\n"
+        "    size: int\n"
+        "print(issubclass(Model, asx.AutoModule))\n"
+    )
+    run = _runner(tmp_path, entry, script)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True"
+    assert f"{entry}: 1 direct eqx.Module subclasses rebased" in run.stderr
+
+
+def test_rebasing_main_takes_the_classes_defined_after_it():
+    # A notebook's cells run in `__main__`, imported already: its classes from the
+    # rebase on are rebased, the earlier ones stay eqx.Modules.
+    import equinox as eqx
+
+    namespace = {"__name__": "__main__", "eqx": eqx}
+    exec("class Before(eqx.Module):\n    size: int", namespace)
+    installed = asx.rebase(["__main__"])
+    try:
+        exec("class After(eqx.Module):\n    size: int", namespace)
+    finally:
+        installed.undo()
+    assert not issubclass(namespace["Before"], asx.AutoModule)
+    assert issubclass(namespace["After"], asx.AutoModule)
+    installed.check()  # it rebased a class of `__main__`
+
+
 def test_the_plugin_module_does_not_shadow_the_function():
     # A module named like the function would replace it as an attribute of the
     # package once imported (pytest -p in the same process).

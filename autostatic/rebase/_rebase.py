@@ -54,6 +54,9 @@ class Rebase:
         self.problems: dict[str, str] = {}
         self.drop_static_markers = drop_static_markers
         self.rebased: dict[str, list[str]] = {p: [] for p in packages}
+        # Modules whose class statements an entry took: a script run by `runpy` is
+        # never in `sys.modules` once it has run.
+        self.seen: dict[str, set[str]] = {p: set() for p in packages}
         self.markers_dropped: dict[str, int] = dict.fromkeys(packages, 0)
         self._undo: list[Callable[[], None]] = []
         self._lock = threading.Lock()
@@ -66,13 +69,20 @@ class Rebase:
         return None
 
     def imported(self, package: str) -> list[str]:
-        """The modules of `sys.modules` that `package` takes."""
+        """The modules of `sys.modules` that `package` takes, and those whose class
+        statements it took."""
         path = self.paths[package]
         return sorted(
-            name
-            for name, module in list(sys.modules.items())
-            if _is_within(name, package)
-            or (path is not None and _is_under(getattr(module, "__file__", None), path))
+            {
+                name
+                for name, module in list(sys.modules.items())
+                if _is_within(name, package)
+                or (
+                    path is not None
+                    and _is_under(getattr(module, "__file__", None), path)
+                )
+            }
+            | self.seen[package]
         )
 
     def _rebase_class_statement(
@@ -89,6 +99,8 @@ class Rebase:
         package = self.package_of(module, file)
         if package is None:
             return bases, kwds
+        with self._lock:
+            self.seen[package].add(module)
         auto_meta = type(AutoModule)
         if eqx.Module in bases:
             bases = tuple(AutoModule if b is eqx.Module else b for b in bases)
@@ -280,7 +292,8 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
     - `packages`: package or module names, e.g. `["diffrax", "lineax"]`, their
         submodules included; an entry that names an existing directory or file
         (`"tests"`, relative to the working directory) also takes every module
-        defined in a file under it, with or without an `__init__.py`.
+        defined in a file under it, with or without an `__init__.py`. `"__main__"`
+        takes the classes a script or notebook defines after this call.
     - `drop_static_markers`: also remove `static=True` from their `eqx.field`s.
 
     **Returns:** the installed `Rebase`: what it rebased, `check()`, `undo()`.
@@ -298,7 +311,11 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
             "already; name every package in one rebase."
         )
     installed = Rebase(names, drop_static_markers)
-    imported = sorted({m for p in names for m in installed.imported(p)})
+    # `__main__` (a script or notebook rebasing the classes it defines from here
+    # on) is always imported.
+    imported = sorted(
+        {m for p in names if p != "__main__" for m in installed.imported(p)}
+    )
     if imported:
         raise RebaseError(
             f"autostatic rebase: {', '.join(imported[:3])} "
