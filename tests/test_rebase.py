@@ -223,6 +223,14 @@ def test_a_script_s_own_classes_are_rebased_by_name_or_path(tmp_path, entry):
     assert f"{entry}: 1 direct eqx.Module subclasses rebased" in run.stderr
 
 
+def test_a_named_script_that_makes_no_class_is_said_to_make_none(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text("import equinox as eqx\nprint(eqx.nn.Identity())\n")
+    run = _runner(tmp_path, "script.py", script)
+    assert run.returncode == 2
+    assert "'script.py' was never imported or makes no class" in run.stderr
+
+
 def test_rebasing_main_takes_the_classes_defined_after_it():
     # A notebook's cells run in `__main__`, imported already: its classes from the
     # rebase on are rebased, the earlier ones stay eqx.Modules.

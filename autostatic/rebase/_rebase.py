@@ -196,10 +196,17 @@ class Rebase:
         using the library's classes)."""
         for package in self.packages:
             if not imported_only and not self.imported(package):
+                # A script run by runpy counts once it makes a class: one that makes
+                # none cannot be told from one never run.
+                never = (
+                    "was never imported or makes no class"
+                    if self.paths[package] is not None
+                    else "was never imported"
+                )
                 raise RebaseError(
-                    f"autostatic rebase: {package!r} was never imported, so nothing "
-                    "in it was rebased. Name a package or module, or a directory or "
-                    "file of modules (such as the tests' directory)."
+                    f"autostatic rebase: {package!r} {never}, so nothing in it was "
+                    "rebased. Name a package or module, or a directory or file of "
+                    "modules (such as the tests' directory)."
                 )
         if not any(self.rebased.values()) and (
             not imported_only or any(self.imported(p) for p in self.packages)
