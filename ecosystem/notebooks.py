@@ -7,13 +7,12 @@ directory; never committed) are executed three times each, as in `python -m
 ecosystem`: stock; with a first cell that rebases the classes the notebook defines
 onto `AutoModule` (`autostatic.rebase(["__main__"])`, static markers kept: b); and
 the same with the markers dropped (b2). Not one line of a notebook is edited; in every
-mode a first cell seeds numpy's and Python's global generators. A last
-cell prints a fingerprint of what the notebook left: every array, module or
-container of them in its namespace, by name, as the sum, shape and dtype of each
-array leaf. The report (`notebooks.md`, `notebooks.json`) gives per notebook and mode
-whether it ran, and where its printed output or fingerprint differs from stock.
-Notebooks that need files absent from the repository (datasets, weights kept in Git
-LFS) or packages not installed are listed with what they need.
+mode a first cell seeds numpy's and Python's global generators, and a last cell prints
+a fingerprint of what the notebook left: every array, module or container of them in
+its namespace, by name, as the dtype, shape and sum of each array leaf. The report
+(`notebooks.md`, `notebooks.json`) gives per notebook and mode whether it ran, and
+where its printed output or fingerprint differs from stock's. Notebooks that need
+data this machine cannot reach (`CANNOT_RUN`) are listed with what they need.
 """
 
 import argparse
@@ -29,7 +28,7 @@ from typing import Any
 import nbclient
 import nbformat
 
-from .run import _autostatic_commit
+from .run import autostatic_commit
 
 EXAMPLES = "docs/examples"
 MODES = ("baseline", "b", "b2")
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {n: why for n, why in CANNOT_RUN.items() if n not in args.run}
     results: dict[str, Any] = {
         "equinox": importlib.metadata.version("equinox"),
-        "autostatic": _autostatic_commit(),
+        "autostatic": autostatic_commit(),
         "notebooks": {},
         "skipped": skipped,
     }

@@ -393,7 +393,7 @@ def _run_library(
         "outcomes": [asdict(o) for o in outcomes],
         "runs": [
             {
-                "autostatic": _autostatic_commit(),
+                "autostatic": autostatic_commit(),
                 "part": args.part or "all",
                 "every": every,
                 "new_only": args.new_only,
@@ -475,7 +475,7 @@ def _merged(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 _STATUSES = ("passed", "failed", "skipped")
 
 
-def _autostatic_commit() -> str:
+def autostatic_commit() -> str:
     """The commit of the autostatic checkout run (with `+` if it has changes)."""
     here = Path(__file__).parent.parent  # the checkout
 
