@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--run", action="append", default=[], help="a notebook of CANNOT_RUN, run"
     )
-    parser.add_argument("--work", type=Path, default=Path("/tmp/autostatic-notebooks"))
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "autostatic-notebooks",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--timeout", type=int, default=1800, help="per cell, seconds")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .run import CAUSES, LIBRARIES
+from .run import CAUSES, items_reached, LIBRARIES
 
 _REASONS = {name: reason for name, _, reason in CAUSES} | {
     "other": "not matched by a known cause; the message says what failed"
@@ -155,7 +155,7 @@ def _stock_files(result: dict[str, Any]) -> str:
 def _never_run(result: dict[str, Any]) -> str:
     """The collected items no mode has run, and the files none of whose items ran."""
     files = result.get("collected_files")
-    ran = {n for o in result["outcomes"] for n in o.get("statuses", {})}
+    ran = items_reached(result)
     if not files or not ran:
         return ""
     never = result["collected"] - len(ran)

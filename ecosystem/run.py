@@ -419,6 +419,11 @@ def in_part(items: list[str], part: str | None) -> list[str]:
     return [i for i in items if _file_of(i) in set(files)]
 
 
+def items_reached(result: dict[str, Any]) -> set[str]:
+    """The items one library's results hold an outcome of, in any mode."""
+    return {n for o in result["outcomes"] for n in o.get("statuses", {})}
+
+
 def _items_run(path: Path, library: str) -> set[str]:
     """The items of `library` that the results at `path` hold an outcome of."""
     if not path.exists():
@@ -426,7 +431,7 @@ def _items_run(path: Path, library: str) -> set[str]:
     result = json.loads(path.read_text()).get(library)
     if result is None or result.get("version") != importlib.metadata.version(library):
         return set()
-    return {n for o in result["outcomes"] for n in o.get("statuses", {})}
+    return items_reached(result)
 
 
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
