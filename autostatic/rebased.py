@@ -2,18 +2,20 @@
 
 As a pytest plugin::
 
-    pytest -p autostatic.rebased --autostatic-rebase=diffrax,lineax,test \\
-        [--autostatic-drop-static-markers]
+    pytest -p autostatic.rebased --autostatic-rebase=diffrax,test \\
+        [--autostatic-drop-static-markers] [--autostatic-no-follow]
 
 As a runner of a script or module::
 
-    python -m autostatic.rebased [--drop-static-markers] diffrax,lineax script.py ARGS
+    python -m autostatic.rebased [--drop-static-markers] [--no-follow] diffrax script.py ARGS
     python -m autostatic.rebased diffrax -m some.module ARGS
 
 (options before the packages: what follows the script or module is its own.)
 
 Every class of the named packages (and modules under them, e.g. a test package) with
-`eqx.Module` as a direct base becomes an `autostatic.AutoModule` subclass. The run
+`eqx.Module` as a direct base becomes an `autostatic.AutoModule` subclass, and so
+does every such class of the installed Equinox-based libraries they require (lineax
+and optimistix for diffrax), unless told not to follow them. The run
 fails if a named package was imported before the rebase, or ends with none of its
 classes rebased: a rebase that silently did nothing cannot pass for one that worked.
 """
@@ -42,6 +44,12 @@ def pytest_addoption(parser: Any) -> None:
         action="store_true",
         help="also remove static=True from their eqx.field(...)s",
     )
+    group.addoption(
+        "--autostatic-no-follow",
+        action="store_true",
+        help="rebase only the named packages, not the Equinox-based libraries "
+        "they require",
+    )
 
 
 def _option(config: Any, name: str) -> Any:
@@ -59,6 +67,7 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
         rebase(
             packages.split(","),
             drop_static_markers=_option(early_config, "autostatic_drop_static_markers"),
+            follow_dependencies=not _option(early_config, "autostatic_no_follow"),
         )
     except RebaseError as err:
         raise pytest.UsageError(str(err)) from None
@@ -96,6 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("packages", help="comma-separated, e.g. diffrax,lineax")
     parser.add_argument("--drop-static-markers", action="store_true")
+    parser.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="rebase only PACKAGES, not the Equinox-based libraries they require",
+    )
     parser.add_argument("-m", dest="module", help="run this module as __main__")
     parser.add_argument("target", nargs=argparse.REMAINDER, help="script and args")
     args = parser.parse_args(argv)
@@ -103,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("give a script path or -m MODULE")
     try:
         installed = rebase(
-            args.packages.split(","), drop_static_markers=args.drop_static_markers
+            args.packages.split(","),
+            drop_static_markers=args.drop_static_markers,
+            follow_dependencies=not args.no_follow,
         )
     except RebaseError as err:
         parser.exit(2, f"{err}\n")

@@ -10,7 +10,8 @@ of each file, in collection order; K=1 runs everything) is run three times:
 
 - baseline: the library as installed;
 - b: every `eqx.Module` class of the library and of its tests rebased onto
-  `autostatic.AutoModule` (`pytest -p autostatic.rebased`), static markers kept;
+  `autostatic.AutoModule` (`pytest -p autostatic.rebased`), with those of the
+  Equinox-based libraries it requires (the rebase follows them), static markers kept;
 - b2: the same with every `eqx.field(static=True)` marker removed.
 
 Each failure is put under the cause its message names (`CAUSES`), and the report

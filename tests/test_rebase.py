@@ -288,6 +288,62 @@ def test_classes_left_on_an_unnamed_equinox_library_are_named(tmp_path):
     assert "Add fakelib to the rebase" in run.stderr
 
 
+def _distribution(root: Path, name: str, *requires: str) -> None:
+    """An installed distribution of the import package `name`, as pip leaves it."""
+    info = root / f"{name}-0.1.dist-info"
+    info.mkdir()
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", "Version: 0.1"]
+    (info / "METADATA").write_text(
+        "\n".join(lines + [f"Requires-Dist: {r}" for r in requires]) + "\n"
+    )
+    (info / "top_level.txt").write_text(name + "\n")
+
+
+def test_equinox_based_dependencies_are_followed(tmp_path):
+    # fakedep's class derives from one of fakelib, a library it requires that is
+    # built on Equinox: rebased with it unless told not to, so no model is mixed.
+    # A requirement of an optional extra is not followed.
+    _write_project(tmp_path)
+    (tmp_path / "fakedep").mkdir()
+    (tmp_path / "fakedep" / "__init__.py").write_text(DEPENDENT)
+    _distribution(tmp_path, "fakelib", "equinox>=0.13", "numpy")
+    _distribution(tmp_path, "fakeextra", "fakelib")
+    _distribution(tmp_path, "fakedep", "fakelib", "jax", 'fakeextra; extra == "dev"')
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import autostatic as asx, fakedep\n"
+        "print(issubclass(fakedep.Twice, asx.AutoModule))\n"
+    )
+    run = _runner(tmp_path, "fakedep", script)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True"
+    assert "fakelib (a dependency of fakedep): 2 direct eqx.Module" in run.stderr
+    assert "fakeextra" not in run.stderr and "mixed" not in run.stderr
+    unfollowed = subprocess.run(
+        [sys.executable, "-m", "autostatic.rebased", "--no-follow", "fakedep"]
+        + [str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert unfollowed.stdout.strip() == "False", unfollowed.stderr
+    assert "fakedep.Twice (on fakelib.Linear)" in unfollowed.stderr
+
+
+def test_the_installed_libraries_equinox_dependencies():
+    from autostatic.rebase._dependencies import equinox_dependencies
+
+    assert equinox_dependencies(("diffrax", "test")) == {
+        "lineax": "diffrax",
+        "optimistix": "diffrax",
+    }
+    assert equinox_dependencies(("optimistix",)) == {"lineax": "optimistix"}
+    # Named ones are not followed again; Equinox itself never.
+    assert equinox_dependencies(("lineax", "optimistix")) == {}
+    assert equinox_dependencies(("equinox", "__main__", "tests")) == {}
+
+
 HIDING = """
 import equinox as eqx
 import jax

@@ -30,6 +30,7 @@ import equinox as eqx
 from .._compat import ModuleMeta, wrap_module_creation
 from ..core._checks import send_problems_to
 from ..core._module import AutoModule
+from ._dependencies import equinox_dependencies
 
 
 class RebaseError(RuntimeError):
@@ -39,7 +40,16 @@ class RebaseError(RuntimeError):
 class Rebase:
     """An installed rebase: what it changed so far, per named package."""
 
-    def __init__(self, packages: tuple[str, ...], drop_static_markers: bool):
+    def __init__(
+        self,
+        packages: tuple[str, ...],
+        drop_static_markers: bool,
+        followed: dict[str, str] | None = None,
+    ):
+        # Equinox-based packages the named ones are built on, taken too
+        # (`_dependencies`): {package: the entry it was followed from}.
+        self.followed = dict(followed or {})
+        packages = packages + tuple(p for p in self.followed if p not in packages)
         self.packages = packages
         # An entry naming a directory or file (`tests`, with or without an
         # `__init__.py`, whose modules pytest imports by their basenames) also takes
@@ -154,7 +164,8 @@ class Rebase:
 
     def summary(self) -> str:
         parts = [
-            f"{p}: {len(self.rebased[p])} direct eqx.Module subclasses rebased"
+            f"{p}{f' (a dependency of {self.followed[p]})' if p in self.followed else ''}"
+            f": {len(self.rebased[p])} direct eqx.Module subclasses rebased"
             + (
                 f", {self.markers_dropped[p]} static markers dropped"
                 if self.drop_static_markers
@@ -195,6 +206,8 @@ class Rebase:
         `eqx.Module` as a direct base: it may legitimately have none (a test package
         using the library's classes)."""
         for package in self.packages:
+            if package in self.followed:  # imported or not, as the library needs
+                continue
             if not imported_only and not self.imported(package):
                 # A script run by runpy counts once it makes a class: one that makes
                 # none cannot be told from one never run.
@@ -290,7 +303,12 @@ _active: Rebase | None = None
 _MOST_PROBLEMS_KEPT = 100
 
 
-def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Rebase:
+def rebase(
+    packages: Iterable[str],
+    *,
+    drop_static_markers: bool = False,
+    follow_dependencies: bool = True,
+) -> Rebase:
     """Makes the classes of `packages` that subclass `eqx.Module` directly be
     `AutoModule`s, for every class made from now on; call it before importing them.
 
@@ -302,6 +320,10 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
         defined in a file under it, with or without an `__init__.py`. `"__main__"`
         takes the classes a script or notebook defines after this call.
     - `drop_static_markers`: also remove `static=True` from their `eqx.field`s.
+    - `follow_dependencies`: also rebase the installed Equinox-based libraries the
+        named packages' distributions require (paramax for flowjax; lineax and
+        optimistix for diffrax), so that no class of theirs is left deriving from
+        an `eqx.Module` of another library. One imported already is left as it is.
 
     **Returns:** the installed `Rebase`: what it rebased, `check()`, `undo()`.
 
@@ -317,7 +339,12 @@ def rebase(packages: Iterable[str], *, drop_static_markers: bool = False) -> Reb
             f"autostatic rebase: a rebase of {', '.join(_active.packages)} is active "
             "already; name every package in one rebase."
         )
-    installed = Rebase(names, drop_static_markers)
+    followed = equinox_dependencies(names) if follow_dependencies else {}
+    installed = Rebase(
+        names,
+        drop_static_markers,
+        {p: e for p, e in followed.items() if p not in sys.modules},
+    )
     # `__main__` (a script or notebook rebasing the classes it defines from here
     # on) is always imported.
     imported = sorted(
