@@ -209,11 +209,6 @@ _check_equinox()
 # `_check_equinox` has verified each of these private names above.
 ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
-# Replaces the `__dict__` of an `eqx.Module` instance (a C call): a carrier and its
-# layer share one attribute dict.
-set_module_attributes: Callable[[Any, dict[str, Any]], None] = vars(eqx.Module)[
-    "__dict__"
-].__set__
 
 
 # The true `_has_dataclass_init` of the classes whose entry `skip_argument_walk` set

@@ -40,19 +40,6 @@ def _is_model(tree: Any) -> bool:
     return bool(leaves) and all(map(is_dynamic_leaf, leaves))
 
 
-def _one_per_target(targets: Any, replace: Any, tree: Any) -> bool:
-    """Whether `replace` is a sequence of replacements, one per target: `where` gave
-    a sequence that is not itself a node of `tree` (Equinox's own test)."""
-    if not (
-        isinstance(targets, (tuple, list))
-        and isinstance(replace, (tuple, list))
-        and len(targets) == len(replace)
-    ):
-        return False
-    leaves = jtu.tree_leaves(tree, is_leaf=lambda x: x is targets)
-    return not any(x is targets for x in leaves)
-
-
 def _replacements(replace: Any, replace_fn: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if replace is not _sentinel:
