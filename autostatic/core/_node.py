@@ -75,7 +75,16 @@ from ._plan import (
     values_while_built,
     WHOLE,
 )
-from ._split import CHILD, FlatHoles, RAW, split, STATIC, StaticSeq, value_of
+from ._split import (
+    CHILD,
+    FlatHoles,
+    RAW,
+    split,
+    STATIC,
+    static_value,
+    StaticSeq,
+    value_of,
+)
 from ._static import hold
 from ._templates import flatten_template, real_items, settle, templates
 
@@ -390,7 +399,7 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
         "real": real_types,
         "real_items": real_items,
         "noted": _noted,
-        "static_value": functools.partial(value_of, STATIC, None),
+        "static_value": static_value,
     }
     specialise(registered, fast_unflatten(cls, plan, namespace))
 

@@ -119,9 +119,23 @@ def value_of(kind: int, child: Any, entry: Any) -> Any:
         return child
     if kind == MIXED:
         return entry.fill(child)
-    if type(entry) is StaticSeq or type(entry) is StaticTree:
-        return entry.value()
-    return natural(entry)
+    return static_value(entry)
+
+
+def static_value(entry: Any) -> Any:
+    """The attribute value of a STATIC field's entry: a record's value, a held
+    leaf's (`natural`), or the entry itself."""
+    value = _VALUE_OF_ENTRY.get(type(entry))
+    return entry if value is None else value(entry)
+
+
+# How to read the value of each type of entry that is not its own value: one dict
+# lookup and one call, where unflatten needs one per static field.
+_VALUE_OF_ENTRY: Final[dict[type, Callable[[Any], Any]]] = {
+    StaticSeq: StaticSeq.value,
+    StaticTree: StaticTree.value,
+    **dict.fromkeys(HOLDER_TYPES, natural),
+}
 
 
 def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
