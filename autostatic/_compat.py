@@ -11,7 +11,8 @@ functions that handle trees holding AutoModules and call Equinox's own otherwise
 the `tree_at` that `eqx.nn.Shared` calls on its own pytree.
 
 Everything touched here is private to Equinox, so a version whose internals differ
-fails loudly at import instead of misbehaving later.
+fails loudly at import instead of misbehaving later; the one name private to JAX (its
+current trace, read in C++) falls back to JAX's public function where it is missing.
 """
 
 import contextlib
@@ -33,6 +34,7 @@ import equinox.internal._closure_to_pytree as _eqx_closure_to_pytree
 import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
 import equinox.nn._shared as _eqx_shared
+from jax.extend.core import find_top_trace
 
 from ._identity import WeakIdentitySet
 
@@ -426,3 +428,24 @@ def saved_by_tree_serialise_leaves(leaf: Any) -> bool:
     keeps `load_eqx` in step with the version that wrote the file.
     """
     return eqx.is_array_like(leaf)
+
+
+class _PublicTraceState:
+    """JAX's current trace read through its public function, for a JAX version
+    without the private state below."""
+
+    @property
+    def value(self) -> Any:
+        return find_top_trace(())
+
+
+# JAX's current trace, read in C++ (`jax._src.core`, private to JAX): an unflatten
+# of a node holding static numbers asks for it once, where the public
+# `find_top_trace` costs three Python frames. Checked to agree with the public one.
+trace_state: Any
+try:
+    from jax._src.core import trace_state_strong_ref as trace_state
+except ImportError:  # pragma: no cover - another JAX version
+    trace_state = _PublicTraceState()
+if type(trace_state.value) is not type(find_top_trace(())):  # pragma: no cover
+    trace_state = _PublicTraceState()

@@ -176,3 +176,25 @@ def test_the_same_counter_under_jax_jit_traces_once_and_is_quiet():
             assert float(f(model, 1.0)[0]) == 1.0 + step
             model = _bump(model)
     assert counter.count == 1
+
+
+def test_the_current_trace_is_the_one_jax_gives():
+    # The retrace count reads JAX's current trace through a private name, in C++;
+    # it must be the object JAX's public function gives, traced or not.
+    import jax._src.core as jax_core
+    from jax.extend.core import find_top_trace
+
+    from autostatic import _compat
+
+    if hasattr(jax_core, "trace_state_strong_ref"):
+        assert type(_compat.trace_state) is not _compat._PublicTraceState
+    seen = []
+
+    def f(x):
+        seen.append(_compat.trace_state.value is find_top_trace(()))
+        return x
+
+    jax.jit(f)(1.0)
+    jax.vmap(f)(jnp.ones(2))
+    assert seen == [True, True]
+    assert _compat.trace_state.value is find_top_trace(())

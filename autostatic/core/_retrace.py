@@ -18,8 +18,7 @@ and the fix. The blocks of one model that differ in a static number are one trac
 import weakref
 from typing import Any, Final
 
-from jax.extend.core import find_top_trace
-
+from .._compat import trace_state
 from ._checks import warn_once
 from ._split import STATIC, value_of
 from ._static import static_key
@@ -80,16 +79,16 @@ def note_new_aux(cls: type, aux: Any) -> None:
     """Called while tracing by an unflatten whose aux holds static numbers and is
     not the last one its plan met: counts the values."""
     if _after is not None:
-        _note(cls, aux, find_top_trace(()))
+        _note(cls, aux, trace_state.value)
 
 
-# The trace JAX runs under when nothing is being traced (one object per process).
-_NOT_TRACING: Final = type(find_top_trace(()))
+# The type of the trace JAX runs under when nothing is being traced.
+_NOT_TRACING: Final = type(trace_state.value)
 
 
 def is_traced() -> bool:
     """Whether JAX is tracing now: an unflatten then makes a node of a trace."""
-    return type(find_top_trace(())) is not _NOT_TRACING
+    return type(trace_state.value) is not _NOT_TRACING
 
 
 def _note(cls: type, aux: Any, trace: Any) -> None:
@@ -113,7 +112,7 @@ def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
     names = (name for name, kind in zip(plan.names, plan.kinds) if kind != STATIC)
     for name, child in zip(names, children):
         if type(child) in COUNTED_TYPES:
-            _count(cls, name, child, find_top_trace(()), _held_message)
+            _count(cls, name, child, trace_state.value, _held_message)
 
 
 def _count(cls: type, name: str, value: Any, trace: Any, message: Any) -> None:
