@@ -29,6 +29,7 @@ these three steps measure that cost where users meet it:
 
 import functools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -369,12 +370,23 @@ def ecosystem_command(rebased: bool, reps: int) -> list[str]:
     return [sys.executable, *script]
 
 
+def child_platform() -> str:
+    """Where the processes of `ecosystem_trace.py` run: this process's backend, but on
+    a TPU, which one process holds at a time, the host's CPU."""
+    backend = jax.default_backend()
+    return "cpu" if backend == "tpu" else backend
+
+
 def run_ecosystem_process(rebased: bool, reps: int) -> tuple[dict[str, Any], str]:
     """One process's JSON and its stderr's last line (the rebase's summary); raises
     if it failed or its classes are not as `rebased` says."""
+    env = dict(os.environ)
+    if child_platform() != jax.default_backend():
+        env["JAX_PLATFORMS"] = child_platform()
     proc = subprocess.run(
         ecosystem_command(rebased, reps),
         cwd=SCRIPT.parent.parent,
+        env=env,
         capture_output=True,
         text=True,
     )
@@ -449,6 +461,7 @@ def ecosystem(settings: Settings) -> EcosystemTrace:
         "rebase_checked": True,  # `run_ecosystem_process` raised otherwise
         "rebase_summary": summary,
         "command": " ".join(["python", *ecosystem_command(True, reps)[1:]]),
+        "platform": child_platform(),
         "processes": processes,
         "workloads": {w: _pair_ratios(pairs, w) for w in pairs[0][0]["medians_s"]},
         "note": (

@@ -408,6 +408,7 @@ class EcosystemTrace(TypedDict):
     rebase_checked: bool  # every rebased process had AutoModule classes, no stock one
     rebase_summary: str  # what `python -m autostatic.rebased` reported
     command: str
+    platform: str  # the backend the processes ran on (the host's CPU beside a TPU)
     processes: list[EcosystemProcess]
     workloads: dict[str, EcosystemWorkload]
     note: str

@@ -120,7 +120,8 @@ def _ecosystem_table(eco: EcosystemTrace) -> list[str]:
     )
     return lines + [
         "",
-        f"* {eco['note']}.",
+        f"* {eco['note']}; the processes ran on the "
+        f"{eco.get('platform', 'same')} backend.",
         f"* rebased with `{eco['command']}`; rebase checked: "
         f"{'yes' if eco['rebase_checked'] else 'NO'} ({eco['rebase_summary']}).",
         "",
