@@ -29,7 +29,6 @@ these three steps measure that cost where users meet it:
 
 import functools
 import json
-import os
 import random
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from . import models as M, real_models as R
+from .processes import child_environment, child_platform
 from .schema import (
     ConstructionBuilds,
     describe_error,
@@ -370,23 +370,13 @@ def ecosystem_command(rebased: bool, reps: int) -> list[str]:
     return [sys.executable, *script]
 
 
-def child_platform() -> str:
-    """Where the processes of `ecosystem_trace.py` run: this process's backend, but on
-    a TPU, which one process holds at a time, the host's CPU."""
-    backend = jax.default_backend()
-    return "cpu" if backend == "tpu" else backend
-
-
 def run_ecosystem_process(rebased: bool, reps: int) -> tuple[dict[str, Any], str]:
     """One process's JSON and its stderr's last line (the rebase's summary); raises
     if it failed or its classes are not as `rebased` says."""
-    env = dict(os.environ)
-    if child_platform() != jax.default_backend():
-        env["JAX_PLATFORMS"] = child_platform()
     proc = subprocess.run(
         ecosystem_command(rebased, reps),
         cwd=SCRIPT.parent.parent,
-        env=env,
+        env=child_environment(),
         capture_output=True,
         text=True,
     )

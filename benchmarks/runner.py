@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -223,8 +224,8 @@ def describe_machine(mode: str) -> Machine:
     for pkg in ("jax", "jaxlib", "equinox", "optax", "autostatic", "numpy"):
         try:
             versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
+        except metadata.PackageNotFoundError:  # a checkout run in place
+            versions[pkg] = getattr(sys.modules.get(pkg), "__version__", None)
     commit = _git_commit()
     devices = jax.devices()
     try:

@@ -139,10 +139,10 @@ CPU_ALIASING_NOTE = (
 
 
 def _is_cpu() -> bool:
-    """Whether JAX runs on the CPU backend."""
-    import jax
+    """Whether the measuring processes run JAX on the CPU backend (beside a TPU too)."""
+    from .processes import child_platform
 
-    return jax.default_backend() == "cpu"
+    return child_platform() == "cpu"
 
 
 def _speed_vs_eqx(paired: dict[str, dict[str, Ratio]], cell: tuple[str, str]) -> float:

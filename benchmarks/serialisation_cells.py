@@ -323,10 +323,13 @@ class Zygote:
         self.proc: subprocess.Popen[str] | None = None
 
     def _start(self) -> subprocess.Popen[str]:
+        from .processes import child_environment  # imports jax: the parent's alone
+
         code = f"from {__name__} import _zygote; _zygote()"
         return subprocess.Popen(
             [sys.executable, "-c", code],
             cwd=_REPO,  # where `benchmarks` is a package
+            env=child_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
