@@ -4,7 +4,7 @@
 # runs this checkout in place (PYTHONPATH, no install: pip's isolated build would need
 # the network), checks that JAX sees a GPU or TPU, and runs the quick comparison on
 # that backend, writing the committed benchmarks/results/<backend>/. Where the
-# checkout has no .git, set AUTOSTATIC_COMMIT to the commit measured. A timeout stops
+# checkout is a copy, set AUTOSTATIC_COMMIT to the commit measured. A timeout stops
 # it at 9 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -197,9 +197,10 @@ def settings_for(args: argparse.Namespace) -> Settings:
 
 
 def _git_commit() -> str | None:
-    """The checkout's short commit, if git can tell, else `$AUTOSTATIC_COMMIT` (a copy
-    of the working tree without `.git`, as sent to a lent GPU machine)."""
-    return _git_head() or os.environ.get("AUTOSTATIC_COMMIT")
+    """`$AUTOSTATIC_COMMIT` where set (a copy of the working tree sent to a lent
+    machine, whose `.git`, if any, need not match it), else the checkout's short
+    commit, if git can tell."""
+    return os.environ.get("AUTOSTATIC_COMMIT") or _git_head()
 
 
 def _git_head() -> str | None:
