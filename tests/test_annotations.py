@@ -2,7 +2,7 @@
 leaves (as in an eqx.Module), elsewhere static; explicit static=True always wins."""
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Generic, Optional, TypeVar
 
 import equinox as eqx
 import jax
@@ -17,6 +17,8 @@ from autostatic.core import _checks
 from autostatic.core._fields import fields_of
 
 from .helpers import keystrs
+
+_State = TypeVar("_State")
 
 
 def array_fields(cls: type) -> tuple[bool, ...]:
@@ -93,6 +95,9 @@ def test_number_leaves_need_no_retrace_and_sizes_stay_static():
         (eqx.nn.Linear, True),  # a module class: a number there stands for a subtree
         (PyTree, False),  # any data (diffrax's `args`): a number may be a size
         ("tuple[int, ...]", False),
+        (_State, True),  # a generic class's slot for its user's data
+        (TypeVar("_Size", bound=int), False),
+        (TypeVar("_Leaf", int, jax.Array), True),
     ],
 )
 def test_which_annotations_admit_arrays(annotation, admits):
@@ -276,3 +281,30 @@ def test_a_number_in_a_module_typed_field_is_a_prefix_leaf_as_in_eqx_module():
     assert out.tolist() == jax.vmap(total, in_axes=(_EqxWrap(0),))(twin).tolist()
     kept, _ = eqx.partition(auto, _Wrap(True))
     assert kept.inner.x is auto.inner.x
+
+
+class _Clipped(asx.AutoModule, Generic[_State]):
+    inner_state: _State
+
+
+class _EqxClipped(eqx.Module, Generic[_State]):
+    inner_state: _State
+
+
+@pytest.mark.parametrize("cls", [_Clipped, _EqxClipped], ids=["auto", "eqx"])
+def test_a_python_bool_in_generic_loop_state_is_a_leaf_as_in_eqx_module(cls):
+    # diffrax's clipped step-size controller: `_ClipState.inner_state` holds the PID
+    # controller's `(array, array, False)`, and a while loop's body returns a bool
+    # array there.
+    def f(x):
+        state = cls((x, False))
+
+        def body(s):
+            y, _ = s.inner_state
+            return cls((y + 1, y + 1 > 2))
+
+        return jax.lax.while_loop(lambda s: s.inner_state[0] < 3, body, state)
+
+    out = jax.jit(f)(jnp.zeros(()))
+    assert keystrs(out) == [".inner_state[0]", ".inner_state[1]"]
+    assert bool(out.inner_state[1])

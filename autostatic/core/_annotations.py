@@ -4,7 +4,8 @@ Values alone cannot tell a size (`hidden = 32`, static) from the first value of 
 state (`num_steps = 0`, which a `lax.while_loop` body replaces by an array, so it must
 be a leaf, as in an `eqx.Module`). Annotations can: a field whose annotation admits an
 array (`jax.Array`, `np.ndarray`, `jax.typing.ArrayLike`, jaxtyping's
-`Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them, or a module class)
+`Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them, a module class, or
+a type variable not bound to other types)
 holds array values, so Python numbers and `jax.ShapeDtypeStruct`s in it stand for
 arrays (or, for a module class, for a subtree of them) and are leaves.
 An `int`, `float`, `Any`-annotated or unannotated field keeps them static. A numpy
@@ -92,8 +93,12 @@ def _admits_array(annotation: Any, depth: int = 0) -> bool:
             return _admits_array(leaftype, depth + 1)
         return False
     if isinstance(annotation, typing.TypeVar):
-        bound = annotation.__bound__
-        return bound is not None and _admits_array(bound, depth + 1)
+        # A generic class's slot for its user's data (diffrax's controller state,
+        # optimistix's `Y`, `Aux` and solver states): unbound, it admits an array.
+        if annotation.__bound__ is not None:
+            return _admits_array(annotation.__bound__, depth + 1)
+        constraints = annotation.__constraints__
+        return not constraints or any(_admits_array(c, depth + 1) for c in constraints)
     origin = typing.get_origin(annotation)
     if origin is typing.ClassVar:
         return False
