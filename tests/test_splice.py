@@ -84,6 +84,54 @@ def test_static_half_holds_the_non_arrays_as_eqx_module_s_does():
     assert eqx.tree_equal(eqx.combine(rest, arrays), auto)
 
 
+def test_the_array_half_holds_none_for_each_static_value_as_eqx_module_s_does():
+    auto, ref = make(Auto, jax.nn.relu, 0), make(Eqx, jax.nn.relu, 0)
+    arrays, ref_arrays = eqx.filter(auto, eqx.is_array), eqx.filter(ref, eqx.is_array)
+    assert arrays.activation is ref_arrays.activation is None
+    assert arrays.depth is ref_arrays.depth is None
+    assert arrays.layers[1] is ref_arrays.layers[1] is None
+    assert type(arrays.linear) is eqx.nn.Linear
+    assert jax.tree_util.tree_structure(arrays) == jax.tree_util.tree_structure(auto)
+    assert eqx.tree_equal(
+        eqx.combine(arrays, eqx.filter(auto, eqx.is_array, True)), auto
+    )
+
+
+class _Operator(asx.AutoModule):
+    fn: Callable
+    scale: float
+
+
+class _EqxOperator(eqx.Module):
+    fn: Callable
+    scale: float
+
+
+@pytest.mark.parametrize("cls", [_Operator, _EqxOperator], ids=["auto", "eqx"])
+def test_array_halves_made_in_two_cond_branches_have_one_static_half(cls):
+    # optimistix's L-BFGS: each branch of its `filter_cond` builds a lineax operator
+    # (a closure-converted function: a new jaxpr) and returns its array half; the
+    # static halves of the two outputs, compared in `eqxi.Static`, must be equal.
+    import equinox.internal as eqxi
+
+    def branch(k: float) -> Callable:
+        def run(x):
+            z = x * k  # closed over: the two programs print alike, as optimistix's
+            fn = eqx.filter_closure_convert(lambda y: y * z, jnp.zeros(()))
+            out = eqx.filter(cls(fn, 2.0), eqx.is_array)
+            dynamic, static = eqx.partition(out, eqx.is_array)
+            return dynamic, eqxi.Static(static)
+
+        return run
+
+    def cond(pred, x):
+        dynamic, static = jax.lax.cond(pred, branch(1.0), branch(2.0), x)
+        return eqx.combine(dynamic, static.value)
+
+    out = jax.jit(cond)(False, jnp.ones(()))
+    assert type(out) is cls
+
+
 def test_the_static_half_can_be_a_static_argument_of_plain_jit():
     model = make(Auto, jax.nn.relu, 0)
     arrays, rest = eqx.partition(model, eqx.is_array)

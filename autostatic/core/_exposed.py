@@ -157,6 +157,17 @@ def dynamic_half(module: Any) -> dict[str, Any]:
     return out
 
 
+def array_half(node: Any, aux: tuple, children: tuple[Any, ...]) -> Any:
+    """`node`, unflattened from a module's arrays (`children`, with `aux`), holding
+    what `eqx.filter(module, eqx.is_array)` gives an `eqx.Module`: `None` for each
+    static leaf. It flattens as it was unflattened, so its treedef is the model's
+    (that of its gradients), and a static half made from it later holds no static
+    value of the model (optimistix compares such halves of two `lax.cond` branches)."""
+    object.__getattribute__(node, "__dict__").update(dynamic_half(node))
+    remember_template(node, aux, children)
+    return node
+
+
 def static_leaves_of(module: Any) -> list[Any]:
     """The non-array leaves of a module's own fields that Equinox's filter would see:
     those of its fields not declared static, nodes in them excluded."""

@@ -29,6 +29,7 @@ import jax.tree_util as jtu
 from .._compat import original_combine, original_filter
 from ..core._carriers import get_layer
 from ..core._exposed import (
+    array_half,
     dynamic_half,
     exposed_module,
     holds_modules,
@@ -38,11 +39,8 @@ from ..core._exposed import (
     static_leaves_of,
 )
 from ..core._fields import fields_of
-from ..core._leaves import CARRIER, category
+from ..core._leaves import CARRIER, category, NODE
 from ..core._node import flatten
-
-# Filters known to keep no non-array leaf: the tree keeps its own form.
-_ARRAY_FILTERS = (eqx.is_array, eqx.is_inexact_array)
 
 Keep = Callable[[Any], bool]
 
@@ -69,11 +67,33 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
         # The array side: the node in its own form, its children filtered.
         children = flatten(fields_of(type(module)), module)[0]
         node = jtu.tree_structure(module, is_leaf=lambda x: x is not module)
-        return node.unflatten([_filter(c, keep, replace, is_leaf) for c in children])
+        kept = _array_side(children, keep, replace, is_leaf)
+        half = node.unflatten(kept)
+        if replace is not None:  # its static values read back, as they were
+            return half
+        return array_half(half, node.node_data()[1], kept)
     attrs = object.__getattribute__(module, "__dict__")
     return exposed_module(
         type(module), {n: _filter(v, keep, replace, is_leaf) for n, v in attrs.items()}
     )
+
+
+def _array_side(
+    children: tuple[Any, ...], keep: Keep, replace: Any, is_leaf: Any
+) -> tuple[Any, ...]:
+    """A node's children filtered on its array side: its AutoModules by
+    `_filter_node`, its layers' carriers as Equinox's filter maps any node (the layer
+    comes back with its own aux data, as the model's flatten made it)."""
+
+    def stop(x: Any) -> bool:
+        return category(x) == NODE or (is_leaf is not None and is_leaf(x))
+
+    def each(x: Any) -> Any:
+        if category(x) == NODE and not (is_leaf is not None and is_leaf(x)):
+            return _filter_node(x, keep, replace, is_leaf)
+        return x if keep(x) else replace
+
+    return tuple(jtu.tree_map(each, c, is_leaf=stop) for c in children)
 
 
 def _is_function(spec: Any) -> bool:
@@ -90,11 +110,7 @@ def filter(
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
     """`eqx.filter` that treats an AutoModule's non-array values as leaves."""
-    if (
-        not _is_function(filter_spec)
-        or (filter_spec in _ARRAY_FILTERS and not inverse)
-        or not holds_modules(pytree)
-    ):
+    if not _is_function(filter_spec) or not holds_modules(pytree):
         return original_filter(pytree, filter_spec, inverse, replace, is_leaf)
 
     def keep(x: Any) -> bool:
