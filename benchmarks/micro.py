@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._compat import original_tree_at
+from autostatic._compat import original_filter, original_tree_at
 
 from . import models as M, real_models as R
 from .registry import MODELS
@@ -188,6 +188,33 @@ def routed_tree_at(rounds: int = 15) -> None:
             )
 
 
+def routed_filter(rounds: int = 15) -> None:
+    """`eqx.filter(model, eqx.is_array)`, the array half, on the 256-layer MLPs of
+    both layer kinds: routed against the fair twin's, and against Equinox's own
+    filter of the same AutoModule (whose array half reads the static values)."""
+    from .scaling import _arrays, builder
+
+    arrays = _arrays(256)
+    for kind in ("own", "eqx.nn"):
+        ours, twin = (
+            builder(kind, impl, arrays)() for impl in ("autostatic", "eqx-static")
+        )
+        cells = {
+            "routed": lambda m=ours: eqx.filter(m, eqx.is_array),
+            "Equinox's": lambda m=ours: original_filter(m, eqx.is_array),
+            "twin": lambda m=twin: eqx.filter(m, eqx.is_array),
+        }
+        samples = run_interleaved(cells, rounds, batch_s=0.02)
+        line = [
+            f"{ref} {paired_ratio(samples['routed'], samples[ref])['median']:.2f}x"
+            for ref in ("twin", "Equinox's")
+        ]
+        print(
+            f"eqx.filter(mlp-256 of {kind} layers, eqx.is_array): routed / "
+            + ", / ".join(line)
+        )
+
+
 class _EqxLinears(eqx.Module):
     layers: list
     activation: Any = eqx.field(static=True)
@@ -301,5 +328,6 @@ if __name__ == "__main__":
     aux_forms()
     generated_code()
     routed_tree_at()
+    routed_filter()
     linear_256()
     warm_and_cold()

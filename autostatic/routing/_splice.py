@@ -39,7 +39,7 @@ from ..core._exposed import (
     static_leaves_of,
 )
 from ..core._fields import fields_of
-from ..core._leaves import CARRIER, category, NODE
+from ..core._leaves import ARRAY, CARRIER, category, NODE, NONE
 from ..core._node import flatten
 
 Keep = Callable[[Any], bool]
@@ -63,13 +63,14 @@ def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
 def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
     if category(module) == CARRIER:  # exposed, a carrier is its layer
         return _filter(get_layer(module), keep, replace, is_leaf)
-    if not any(map(keep, static_leaves_of(module))):
+    statics = static_leaves_of(module)
+    if not any(map(keep, statics)):
         # The array side: the node in its own form, its children filtered.
         children = flatten(fields_of(type(module)), module)[0]
         node = jtu.tree_structure(module, is_leaf=lambda x: x is not module)
         kept = _array_side(children, keep, replace, is_leaf)
         half = node.unflatten(kept)
-        if replace is not None:  # its static values read back, as they were
+        if replace is not None or not statics:  # its values read back, as they were
             return half
         return array_half(half, node.node_data()[1], kept)
     attrs = object.__getattribute__(module, "__dict__")
@@ -93,7 +94,13 @@ def _array_side(
             return _filter_node(x, keep, replace, is_leaf)
         return x if keep(x) else replace
 
-    return tuple(jtu.tree_map(each, c, is_leaf=stop) for c in children)
+    def child(c: Any) -> Any:
+        kind = category(c)
+        if kind == ARRAY:  # most children: no tree to map
+            return c if keep(c) else replace
+        return c if kind == NONE else jtu.tree_map(each, c, is_leaf=stop)
+
+    return tuple(map(child, children))
 
 
 def _is_function(spec: Any) -> bool:
