@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from .run import CAUSES, items_reached, LIBRARIES
+from .run import ALL_MODES, CAUSES, items_reached, LIBRARIES
 
 _REASONS = {name: reason for name, _, reason in CAUSES} | {
     "other": "not matched by a known cause; the message says what failed"
@@ -141,7 +141,9 @@ def _sample_of(run: dict[str, Any]) -> str:
     """How a run chose its items, where it says: `, every K` (`, new items only`)."""
     if "every" not in run:
         return ""
-    return f", every {run['every']}" + (", new items only" if run["new_only"] else "")
+    said = f", every {run['every']}" + (", new items only" if run["new_only"] else "")
+    modes = run.get("modes", ALL_MODES)
+    return said + ("" if modes == ALL_MODES else f", modes {modes}")
 
 
 def _stock_files(result: dict[str, Any]) -> str:

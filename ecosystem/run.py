@@ -45,6 +45,8 @@ LIBRARIES = {
     "diffrax": "test",
     "quax": "tests",
 }
+# Every mode, in the order they run (`--modes` picks some).
+ALL_MODES = "baseline,b,b2"
 # The sample taken by default: every K-th item of each file (at least one a file).
 # lineax's and optimistix's three modes take about 35 minutes on this 2-core machine
 # (lineax has 4215 items at about 3 s each); diffrax's items compile whole solves, so
@@ -322,7 +324,7 @@ def _parser() -> argparse.ArgumentParser:
         "--every", type=int, metavar="K", help="sample every K-th item (default: EVERY)"
     )
     parser.add_argument("--only", action="append", choices=sorted(LIBRARIES))
-    parser.add_argument("--modes", default="baseline,b,b2")
+    parser.add_argument("--modes", default=ALL_MODES)
     parser.add_argument(
         "--part",
         metavar="K/N",
@@ -398,6 +400,7 @@ def _run_library(
                 "part": args.part or "all",
                 "every": every,
                 "new_only": args.new_only,
+                "modes": args.modes,
                 "items": len(chosen),
             }
         ],

@@ -156,6 +156,11 @@ def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None
     text = render({"lineax": merged})
     assert "all, every 4 (2 items) at abc1234; all, every 2, new items only" in text
     assert "Never run: 4 of the 8 collected items" in text
+    # A run of some modes only says which.
+    again = result(2, False, {i: "passed" for i in new})
+    again["runs"][0]["modes"] = "b,b2"
+    text = render({"lineax": merge(merged, again)})
+    assert "all, every 2, modes b,b2 (2 items) at abc1234." in text
     # Results of another version say nothing about which items ran.
     path.write_text(json.dumps({"lineax": sparse | {"version": "0.0.0"}}))
     assert _items_run(path, "lineax") == set()
