@@ -9,7 +9,7 @@ flattens as the aux and children it was unflattened with. It is told apart when
 unflattened: a child's leaf that is no array. (A `None` is an empty child, as in an
 `eqx.Module`, so a model's arrays mapped to `None`s split as the arrays did, and that
 tree needs no template.) The exposed form (`_exposed`) is a template whose plan makes every field a
-child.
+child, and an array half (`_exposed.array_half`) one holding Equinox's attributes.
 """
 
 import operator
