@@ -244,9 +244,18 @@ def static_leaves(value: Any, where: str) -> list[tuple[tuple[Any, ...], Any]]:
     return out
 
 
+def _plain_items(value: Any) -> set[int] | None:
+    """The item categories of a list or tuple of arrays, numbers, `None`s, modules
+    or layers (no container: nothing to look into, fast for 20,000); else None."""
+    if type(value) not in (list, tuple):
+        return None
+    cats = item_categories(value)
+    return cats if _FINE.issuperset(cats) else None
+
+
 def check_acyclic(value: Any, where: str) -> None:
-    if type(value) in (list, tuple) and _FINE.issuperset(item_categories(value)):
-        return  # no item is a container: nothing to look into (fast for 20,000)
+    if _plain_items(value) is not None:
+        return
     if type(value) in BUILTIN_CONTAINERS or isinstance(value, tuple):
         static_leaves(value, where)
 
@@ -258,10 +267,7 @@ def check_field(module: Any, name: str, value: Any, declared_static: bool) -> bo
     the value holds a carrier (handed out to an `is_leaf` callback)."""
     cls = type(module)
     where = f"{cls.__qualname__}.{name}"
-    if type(value) in (list, tuple) and _FINE.issuperset(
-        cats := item_categories(value)
-    ):
-        # A list of arrays, layers or numbers: nothing to look into (fast for 20,000).
+    if (cats := _plain_items(value)) is not None:
         if declared_static and not cats.isdisjoint((ARRAY, NDARRAY)):
             _refuse_static_array(where, value)
         if NODE in cats and any(map(operator.is_, value, itertools.repeat(module))):

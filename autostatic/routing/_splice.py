@@ -45,19 +45,30 @@ from ..core._node import flatten
 Keep = Callable[[Any], bool]
 
 
-def _filter(tree: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
-    """Equinox's filter of `tree`, each AutoModule and carrier in it by
-    `_filter_node`."""
+def _filter(
+    tree: Any,
+    keep: Keep,
+    replace: Any,
+    is_leaf: Any,
+    filtered: Callable[[Any], bool] = is_ours,
+) -> Any:
+    """Equinox's filter of `tree`, each node that is `filtered` (AutoModules and
+    carriers) by `_filter_node`; other nodes are mapped through, as Equinox maps
+    them."""
 
     def stop(x: Any) -> bool:
-        return is_ours(x) or (is_leaf is not None and is_leaf(x))
+        return filtered(x) or (is_leaf is not None and is_leaf(x))
 
     def each(x: Any) -> Any:
-        if is_ours(x) and not (is_leaf is not None and is_leaf(x)):
+        if filtered(x) and not (is_leaf is not None and is_leaf(x)):
             return _filter_node(x, keep, replace, is_leaf)
         return x if keep(x) else replace
 
     return jtu.tree_map(each, tree, is_leaf=stop)
+
+
+def _is_module(x: Any) -> bool:
+    return category(x) == NODE
 
 
 def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
@@ -83,22 +94,14 @@ def _array_side(
     children: tuple[Any, ...], keep: Keep, replace: Any, is_leaf: Any
 ) -> tuple[Any, ...]:
     """A node's children filtered on its array side: its AutoModules by
-    `_filter_node`, its layers' carriers as Equinox's filter maps any node (the layer
-    comes back with its own aux data, as the model's flatten made it)."""
-
-    def stop(x: Any) -> bool:
-        return category(x) == NODE or (is_leaf is not None and is_leaf(x))
-
-    def each(x: Any) -> Any:
-        if category(x) == NODE and not (is_leaf is not None and is_leaf(x)):
-            return _filter_node(x, keep, replace, is_leaf)
-        return x if keep(x) else replace
+    `_filter_node`, its layers' carriers mapped through (the layer comes back with its
+    own aux data, as the model's flatten made it)."""
 
     def child(c: Any) -> Any:
         kind = category(c)
         if kind == ARRAY:  # most children: no tree to map
             return c if keep(c) else replace
-        return c if kind == NONE else jtu.tree_map(each, c, is_leaf=stop)
+        return c if kind == NONE else _filter(c, keep, replace, is_leaf, _is_module)
 
     return tuple(map(child, children))
 
