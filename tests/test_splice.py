@@ -97,6 +97,54 @@ def test_the_array_half_holds_none_for_each_static_value_as_eqx_module_s_does():
     )
 
 
+class _Held(asx.AutoModule):
+    weight: jax.Array
+    count: int
+    config: dict
+    sizes: tuple
+    mixed: list
+    linear: eqx.nn.Linear
+    marked: str = eqx.field(static=True)
+
+
+class _EqxHeld(eqx.Module):
+    weight: jax.Array
+    count: int
+    config: dict
+    sizes: tuple
+    mixed: list
+    linear: eqx.nn.Linear
+    marked: str = eqx.field(static=True)
+
+
+def _held(cls: type) -> Any:
+    key = jax.random.key(0)
+    return cls(
+        jnp.ones(2),
+        3,
+        {"a": 1, "b": (2.0, "x"), "f": jax.nn.relu},
+        (4, 5),
+        [jnp.zeros(1), 6, None, eqx.nn.Linear(1, 1, key=key)],
+        eqx.nn.Linear(2, 2, key=key),
+        "kept",
+    )
+
+
+@pytest.mark.parametrize("replace", [None, 0, "R"])
+def test_the_array_half_reads_as_the_unmarked_twin_s_for_any_replace(replace):
+    auto, twin = _held(_Held), _held(_EqxHeld)
+    half = eqx.filter(auto, eqx.is_array, replace=replace)
+    twin_half = eqx.filter(twin, eqx.is_array, replace=replace)
+    for name in ("weight", "count", "config", "sizes", "mixed", "linear", "marked"):
+        ours, theirs = getattr(half, name), getattr(twin_half, name)
+        assert jax.tree_util.tree_structure(ours) == jax.tree_util.tree_structure(
+            theirs
+        ), name
+        assert eqx.tree_equal(ours, theirs), name
+    # Its treedef stays the model's (the gradients'), whatever `replace` is.
+    assert jax.tree_util.tree_structure(half) == jax.tree_util.tree_structure(auto)
+
+
 class _Operator(asx.AutoModule):
     fn: Callable
     scale: float

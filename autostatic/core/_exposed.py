@@ -14,9 +14,9 @@ import jax.tree_util as jtu
 
 from ._carriers import get_layer, layer_of
 from ._fields import fields_of
-from ._leaves import CARRIER, category, is_dynamic_leaf, NODE, stops
+from ._leaves import CARRIER, category, is_dynamic, is_dynamic_leaf, NODE, stops
 from ._plan import entry_types, plan_for
-from ._split import CHILD, split, STATIC, whole
+from ._split import CHILD, STATIC, whole
 from ._templates import remember_template, template_aux
 
 
@@ -136,34 +136,42 @@ def new_module(cls: type, attrs: dict[str, Any]) -> Any:
     return obj
 
 
-def dynamic_half(module: Any) -> dict[str, Any]:
-    """A module's field values with `None` for each static leaf (and each static
-    field), as `eqx.filter(module, eqx.is_array)` gives an `eqx.Module`'s; fields
-    declared `eqx.field(static=True)` keep their values, as Equinox keeps them."""
+def dynamic_half(module: Any, replace: Any = None) -> dict[str, Any]:
+    """A module's field values with `replace` for each static leaf, as
+    `eqx.filter(module, eqx.is_array, replace=replace)` gives an `eqx.Module`'s
+    without static markers; fields declared `eqx.field(static=True)` keep their
+    values, as Equinox keeps them."""
     spec = fields_of(type(module))
     attrs = object.__getattribute__(module, "__dict__")
     out = {}
     for name, declared, array_field in zip(
         spec.names, spec.declared_static, spec.array_fields
     ):
-        if name not in attrs:
-            continue
-        value = attrs[name]
-        if declared:
-            out[name] = value
-            continue
-        kind, child, _ = split(value, array_field, layer_of)
-        out[name] = None if kind == STATIC else child
+        if name in attrs:
+            value = attrs[name]
+            out[name] = value if declared else _replaced(value, array_field, replace)
     return out
 
 
-def array_half(node: Any, aux: tuple, children: tuple[Any, ...]) -> Any:
+def _replaced(value: Any, array_field: bool, replace: Any) -> Any:
+    def leaf(x: Any) -> Any:
+        if stops(x):
+            return layer_of(x)
+        return x if is_dynamic(x, array_field) else replace
+
+    return jtu.tree_map(leaf, value, is_leaf=stops)
+
+
+def array_half(
+    node: Any, aux: tuple, children: tuple[Any, ...], replace: Any = None
+) -> Any:
     """`node`, unflattened from a module's arrays (`children`, with `aux`), holding
-    what `eqx.filter(module, eqx.is_array)` gives an `eqx.Module`: `None` for each
-    static leaf. It flattens as it was unflattened, so its treedef is the model's
-    (that of its gradients), and a static half made from it later holds no static
-    value of the model (optimistix compares such halves of two `lax.cond` branches)."""
-    object.__getattribute__(node, "__dict__").update(dynamic_half(node))
+    what `eqx.filter(module, eqx.is_array, replace=replace)` gives an `eqx.Module`:
+    `replace` for each static leaf. It flattens as it was unflattened, so its treedef
+    is the model's (that of its gradients), and a static half made from it later
+    holds no static value of the model (optimistix compares such halves of two
+    `lax.cond` branches)."""
+    object.__getattribute__(node, "__dict__").update(dynamic_half(node, replace))
     remember_template(node, aux, children)
     return node
 

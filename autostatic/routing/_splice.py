@@ -81,9 +81,9 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
         node = jtu.tree_structure(module, is_leaf=lambda x: x is not module)
         kept = _array_side(children, keep, replace, is_leaf)
         half = node.unflatten(kept)
-        if replace is not None or not statics:  # its values read back, as they were
+        if not statics:
             return half
-        return array_half(half, node.node_data()[1], kept)
+        return array_half(half, node.node_data()[1], kept, replace)
     attrs = object.__getattribute__(module, "__dict__")
     return exposed_module(
         type(module), {n: _filter(v, keep, replace, is_leaf) for n, v in attrs.items()}
