@@ -141,7 +141,10 @@ def _sample_of(run: dict[str, Any]) -> str:
     """How a run chose its items, where it says: `, every K` (`, new items only`)."""
     if "every" not in run:
         return ""
-    said = f", every {run['every']}" + (", new items only" if run["new_only"] else "")
+    said = f", every {run['every']}"
+    if run.get("start"):
+        said += f" from each file's item {run['start']}"
+    said += ", new items only" if run["new_only"] else ""
     modes = run.get("modes", ALL_MODES)
     return said + ("" if modes == ALL_MODES else f", modes {modes}")
 

@@ -1,8 +1,8 @@
 """The ecosystem report: diffrax, lineax, optimistix and quax's own test suites with
 their Modules auto-static.
 
-    python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--only LIB] [--jobs N]
-                        [--part K/N] [--new-only] [--out DIR]
+    python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--start R] [--only LIB]
+                        [--jobs N] [--part K/N] [--new-only] [--modes M] [--out DIR]
 
 For each library, the tests of the git tag matching the installed version are
 extracted (never committed), collected, and a deterministic sample (every K-th item
@@ -18,8 +18,8 @@ Each failure is put under the cause its message names (`CAUSES`), and the report
 (`report.md`, `results.json`) lists per library and mode the items selected, passed
 and failed, and each remaining failure grouped by cause. Runs add to `--out`'s
 results item by item: another part of the files (`--part`), or a denser sample of the
-items no run has reached (`--every K --new-only`), so a whole suite can be run over
-several sessions.
+items no run has reached (`--every K --new-only`), or the items a sample left
+(`--every K --start R`), so a whole suite can be run over several sessions.
 """
 
 import argparse
@@ -192,12 +192,13 @@ def collect(root: Path) -> list[str]:
     return [line for line in out.splitlines() if "::" in line and line[:1].strip()]
 
 
-def sample(items: list[str], every: int) -> list[str]:
-    """Every `every`-th item of each file, starting with its first."""
+def sample(items: list[str], every: int, start: int = 0) -> list[str]:
+    """Every `every`-th item of each file, starting with its `start`-th (0: its
+    first)."""
     per_file: dict[str, list[str]] = {}
     for item in items:
         per_file.setdefault(item.split("::")[0], []).append(item)
-    return [i for group in per_file.values() for i in group[::every]]
+    return [i for group in per_file.values() for i in group[start::every]]
 
 
 def classify(message: str) -> str:
@@ -323,6 +324,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--every", type=int, metavar="K", help="sample every K-th item (default: EVERY)"
     )
+    parser.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        metavar="R",
+        help="start each file's sample at its R-th item (0: its first), so that "
+        "`--every 2 --start 1` takes the items `--every 2` left",
+    )
     parser.add_argument("--only", action="append", choices=sorted(LIBRARIES))
     parser.add_argument("--modes", default=ALL_MODES)
     parser.add_argument(
@@ -367,7 +376,7 @@ def _run_library(
     root = extract(library, git_dir, args.work)
     items = collect(root)
     every = args.every or EVERY[library]
-    chosen = in_part(sample(items, every), args.part)
+    chosen = in_part(sample(items, every, args.start), args.part)
     if args.new_only:
         done = _items_run(args.out / "results.json", library)
         chosen = [i for i in chosen if i not in done]
@@ -399,6 +408,7 @@ def _run_library(
                 "autostatic": autostatic_commit(),
                 "part": args.part or "all",
                 "every": every,
+                "start": args.start,
                 "new_only": args.new_only,
                 "modes": args.modes,
                 "items": len(chosen),
@@ -451,9 +461,12 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for o in new["outcomes"]:
         before = old_by_mode.pop(o["mode"], None)
         outcomes.append(o if before is None else _merged(before, o))
+    # A sample started past each file's first item is no denser sample of the suite.
+    started = new["runs"][-1].get("start", 0) != 0
+    every = old.get("every", new["every"])
     return {
         **new,
-        "every": min(old.get("every", new["every"]), new["every"]),
+        "every": every if started else min(every, new["every"]),
         "outcomes": outcomes + list(old_by_mode.values()),
         "runs": old.get("runs", []) + new["runs"],
     }

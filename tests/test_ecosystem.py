@@ -128,6 +128,7 @@ def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None
 
     items = [f"t/a.py::{i}" for i in range(8)]
     assert sample(items, 4) == ["t/a.py::0", "t/a.py::4"]
+    assert sample(items, 4, 1) == ["t/a.py::1", "t/a.py::5"]
     version = importlib.metadata.version("lineax")
 
     def result(every: int, new_only: bool, statuses: dict[str, str]) -> dict:
@@ -161,6 +162,14 @@ def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None
     again["runs"][0]["modes"] = "b,b2"
     text = render({"lineax": merge(merged, again)})
     assert "all, every 2, modes b,b2 (2 items) at abc1234." in text
+    # The items a sample left, by starting it further on; the sample's density stays.
+    rest = result(2, False, {i: "passed" for i in sample(items, 2, 1)})
+    rest["runs"][0]["start"] = 1
+    whole = merge(merged, rest)
+    assert whole["every"] == 2 and whole["outcomes"][0]["selected"] == 8
+    text = render({"lineax": whole})
+    assert "all, every 2 from each file's item 1 (4 items) at abc1234" in text
+    assert "Never run: 0 of the 8 collected items" in text
     # Results of another version say nothing about which items ran.
     path.write_text(json.dumps({"lineax": sparse | {"version": "0.0.0"}}))
     assert _items_run(path, "lineax") == set()
