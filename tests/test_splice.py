@@ -97,24 +97,20 @@ def test_the_array_half_holds_none_for_each_static_value_as_eqx_module_s_does():
     )
 
 
-class _Held(asx.AutoModule):
-    weight: jax.Array
-    count: int
-    config: dict
-    sizes: tuple
-    mixed: list
-    linear: eqx.nn.Linear
-    marked: str = eqx.field(static=True)
+def _held_fields(base: type) -> type:
+    class Held(base):
+        weight: jax.Array
+        count: int
+        config: dict
+        sizes: tuple
+        mixed: list
+        linear: eqx.nn.Linear
+        marked: str = eqx.field(static=True)
+
+    return Held
 
 
-class _EqxHeld(eqx.Module):
-    weight: jax.Array
-    count: int
-    config: dict
-    sizes: tuple
-    mixed: list
-    linear: eqx.nn.Linear
-    marked: str = eqx.field(static=True)
+_Held, _EqxHeld = _held_fields(asx.AutoModule), _held_fields(eqx.Module)
 
 
 def _held(cls: type) -> Any:
