@@ -42,6 +42,8 @@ def test_rebased_libraries_give_stock_results(stock, drop):
     assert rebased["is_module"] and rebased["steps"] == stock["steps"]
     for key in ("ode", "linear", "root", "grad"):
         np.testing.assert_allclose(rebased[key], stock[key], rtol=1e-6, err_msg=key)
+    # Not only equal results: the very same programs for XLA to compile.
+    assert rebased["programs"] == stock["programs"]
 
 
 def test_report_judges_each_mode_against_its_target() -> None:
