@@ -303,6 +303,21 @@ _active: Rebase | None = None
 _MOST_PROBLEMS_KEPT = 100
 
 
+def _refuse_imported(installed: Rebase, names: tuple[str, ...]) -> None:
+    """Raises if a named package is imported already (its classes exist). `__main__`
+    (a script or notebook rebasing the classes it defines from here on) always is."""
+    imported = sorted(
+        {m for p in names if p != "__main__" for m in installed.imported(p)}
+    )
+    if imported:
+        raise RebaseError(
+            f"autostatic rebase: {', '.join(imported[:3])} "
+            f"{'is' if len(imported) == 1 else 'are'} imported already, so "
+            "its classes are eqx.Modules and stay so. Install the rebase before the "
+            "first import (pytest: -p autostatic.rebased --autostatic-rebase=...)."
+        )
+
+
 def rebase(
     packages: Iterable[str],
     *,
@@ -345,18 +360,7 @@ def rebase(
         drop_static_markers,
         {p: e for p, e in followed.items() if p not in sys.modules},
     )
-    # `__main__` (a script or notebook rebasing the classes it defines from here
-    # on) is always imported.
-    imported = sorted(
-        {m for p in names if p != "__main__" for m in installed.imported(p)}
-    )
-    if imported:
-        raise RebaseError(
-            f"autostatic rebase: {', '.join(imported[:3])} "
-            f"{'is' if len(imported) == 1 else 'are'} imported already, so "
-            "its classes are eqx.Modules and stay so. Install the rebase before the "
-            "first import (pytest: -p autostatic.rebased --autostatic-rebase=...)."
-        )
+    _refuse_imported(installed, names)
     installed._undo.append(_wrap_build_class(installed))
     send_problems_to(installed._take_problem)
     installed._undo.append(lambda: send_problems_to(None))
