@@ -12,7 +12,9 @@ a fingerprint of what the notebook left: every array, module or container of the
 its namespace, by name, as the dtype, shape and sum of each array leaf. The report
 (`notebooks.md`, `notebooks.json`) gives per notebook and mode whether it ran, and
 where its printed output or fingerprint differs from stock's. Notebooks that need
-data this machine cannot reach (`CANNOT_RUN`) are listed with what they need.
+data this machine cannot reach (`CANNOT_RUN`) are listed with what they need. `unet`
+imports `einops`, which autostatic does not install (`pip install einops`): without
+it that notebook fails in every mode, and the report says so.
 """
 
 import argparse
