@@ -461,12 +461,14 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     for o in new["outcomes"]:
         before = old_by_mode.pop(o["mode"], None)
         outcomes.append(o if before is None else _merged(before, o))
-    # A sample started past each file's first item is no denser sample of the suite.
-    started = new["runs"][-1].get("start", 0) != 0
+    # A sample of some files only, or started past each file's first item, is no
+    # denser sample of the suite.
+    run = new["runs"][-1]
+    partial = run.get("start", 0) != 0 or run.get("part", "all") != "all"
     every = old.get("every", new["every"])
     return {
         **new,
-        "every": every if started else min(every, new["every"]),
+        "every": every if partial else min(every, new["every"]),
         "outcomes": outcomes + list(old_by_mode.values()),
         "runs": old.get("runs", []) + new["runs"],
     }

@@ -172,6 +172,10 @@ def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None
     text = render({"lineax": whole})
     assert "all, every 2 from each file's item 1 (4 items) at abc1234" in text
     assert "Never run: 0 of the 8 collected items" in text
+    # A denser sample of some files only does not make the suite's sample denser.
+    some = result(1, True, {"t/a.py::1": "passed"})
+    some["runs"][0]["part"] = "1/2"
+    assert merge(merged, some)["every"] == 2
     # Results of another version say nothing about which items ran.
     path.write_text(json.dumps({"lineax": sparse | {"version": "0.0.0"}}))
     assert _items_run(path, "lineax") == set()
