@@ -138,7 +138,8 @@ def _runs(result: dict[str, Any]) -> str:
 
 
 def _sample_of(run: dict[str, Any]) -> str:
-    """How a run chose its items, where it says: `, every K` (`, new items only`)."""
+    """How a run chose its items, where it says: `, every K` (`from each file's item
+    R`, `, new items only`, `, modes M`)."""
     if "every" not in run:
         return ""
     said = f", every {run['every']}"
