@@ -6,6 +6,9 @@
   (what every flatten makes and every jit cache lookup compares);
 - the flatten and unflatten generated per class against the general ones, over
   every node of the 256-layer MLP of the user's own layers and of the real models;
+- the flatten of the transformer and of `nested` with and without two checks of the
+  generated flatten: a child of another type than the first instance's (a `None`
+  bias after an array), and a list of modules;
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
   `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
@@ -139,6 +142,55 @@ def generated_code(rounds: int = 15) -> None:
                 {k: v for k, v in samples.items() if k.startswith(op)},
                 f"{op}, generated",
             )
+
+
+def _scopes(model: Any) -> list[dict[str, Any]]:
+    """The globals of the generated flattens of `model`'s classes."""
+    from autostatic.core import _node
+
+    found = {}
+    for node in _nodes(model, []):
+        cls = type(node)
+        function = _node._carried.get(cls) or _node._registered.get(cls)
+        if function is not None and "as_is" in function.__globals__:
+            found[id(function)] = function.__globals__
+    return list(found.values())
+
+
+def generated_modes(rounds: int = 15) -> None:
+    """Two checks of the generated flatten, each against the general flatten for the
+    instances it takes: a child of any type the field takes as it is (the
+    transformer's `eqx.nn.Linear`s with and without a bias) and a list of modules
+    (`nested`'s and the transformer's stacks of blocks). `jax.tree_util.tree_flatten`
+    of the model, with both and with one left out, paired in one run."""
+    from autostatic.core._leaves import as_is_types
+
+    for name in ("transformer", "nested"):
+        model = next(m for m in MODELS if m.name == name and m.kind == M.EQX_NN)
+        built = model.build("autostatic", model.parts(0))
+        jax.tree_util.tree_flatten(built)
+        scopes = _scopes(built)
+
+        def cell(left_out: str | None, built: Any = built, scopes: Any = scopes) -> Any:
+            def run() -> Any:
+                for scope in scopes:
+                    scope["child_types"] = scope["as_is"] = as_is_types
+                    if left_out is not None:
+                        scope[left_out] = frozenset()
+                return jax.tree_util.tree_flatten(built)
+
+            return run
+
+        samples = run_interleaved(
+            {
+                "both": cell(None),
+                "without child types": cell("child_types"),
+                "without node lists": cell("as_is"),
+            },
+            rounds,
+        )
+        cell(None)()
+        _report(f"{name}: tree_flatten, without / with", samples, "both")
 
 
 class _EqxHolder(eqx.Module):
@@ -327,6 +379,7 @@ def warm_and_cold(rounds: int = 101) -> None:
 if __name__ == "__main__":
     aux_forms()
     generated_code()
+    generated_modes()
     routed_tree_at()
     routed_filter()
     linear_256()

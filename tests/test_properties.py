@@ -170,3 +170,78 @@ def test_a_flat_sequence_is_split_as_the_walk_splits_it(names, as_tuple):
     for a, b, v in zip(again[0], again[1], value):
         assert type(a) is type(b) is type(v)
         assert a is b or eqx.tree_equal(a, b)
+
+
+def _field_value(name):
+    """One of the values whose types choose a field's generated mode."""
+    key = jax.random.key(0)
+    return {
+        "array": lambda: jnp.ones(2),
+        "none": lambda: None,
+        "relu": lambda: jax.nn.relu,  # a `custom_jvp`
+        "function": lambda: _halve,
+        "int": lambda: 3,
+        "zero": lambda: 0.0,
+        "float": lambda: 0.5,
+        "ints": lambda: [8, 8],
+        "empty": lambda: [],
+        "modules": lambda: [Box(jnp.ones(1), 1), None],
+        "mixed": lambda: [eqx.nn.Linear(2, 2, key=key), jax.nn.relu],
+        "layer": lambda: eqx.nn.Linear(2, 2, use_bias=False, key=key),
+        "layers": lambda: (eqx.nn.Linear(2, 2, key=key), eqx.nn.Identity()),
+    }[name]()
+
+
+def _halve(x):
+    return x / 2
+
+
+_VALUE_NAMES = st.sampled_from(
+    [
+        "array",
+        "none",
+        "relu",
+        "function",
+        "int",
+        "zero",
+        "float",
+        "ints",
+        "empty",
+        "modules",
+        "mixed",
+        "layer",
+        "layers",
+    ]
+)
+
+
+@property_settings
+@given(
+    st.lists(
+        st.tuples(_VALUE_NAMES, st.sampled_from(["int", "array", "none"])),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_instances_of_any_field_types_flatten_as_the_general_flatten(rows):
+    # A class's flatten is generated for the first field types met; each instance,
+    # whatever its types and in whatever order they come (a list of modules, then
+    # one of ints; an array, then `None`), must flatten as the general flatten
+    # (which the fuzz checks against Equinox).
+    from autostatic.core._fields import fields_of
+
+    class Pair(asx.AutoModule):
+        a: object
+        b: object
+
+    models = [Pair(_field_value(a), _field_value(b)) for a, b in rows]
+    for model in models * 2:  # the second time, every flatten generated is met
+        jax.tree_util.tree_flatten(model)
+    spec = fields_of(Pair)
+    for model in models:
+        fast, general = spec.flatten(model), spec.general_flatten(model)
+        fast_leaves, fast_def = jax.tree_util.tree_flatten(fast[0])
+        general_leaves, general_def = jax.tree_util.tree_flatten(general[0])
+        assert fast_def == general_def
+        assert all(map(lambda x, y: x is y, fast_leaves, general_leaves))
+        assert fast[1] == general[1] and fast[1][0] is general[1][0]

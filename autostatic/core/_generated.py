@@ -90,6 +90,8 @@ FLOAT: Final = "float"  # a static float, held exactly if a zero or NaN
 SEQUENCE: Final = "sequence"  # a list or tuple of ints, bools, strings: a `StaticSeq`
 CARRIED: Final = "carried"  # an `eqx.nn` layer: the child is its carrier
 LAYERS: Final = "layers"  # a list or tuple of `eqx.nn` layers: of their carriers
+# A list or tuple of arrays, AutoModules and `None`s (a stack of blocks): the child.
+NODE_LIST: Final = "node list"
 # A list or tuple of `ITEM_*` items, those of each kind at fixed places (a block's
 # `[Linear, relu, Linear, Dropout]`): the child and a `FlatHoles` picked by place.
 ITEMS: Final = "items"
@@ -100,6 +102,7 @@ ITEM_CHILD, ITEM_CARRIED, ITEM_STATIC = "child", "carried", "static"
 # its type, `s` the types of its items).
 _CHILDREN: Final = {
     CHILD: "{v}",
+    NODE_LIST: "{v}",
     CARRIED: "carried[{t}]({v})",
     LAYERS: "{t}(map(carried[{s}.pop()] if len({s}) == 1 else carry, {v}))",
 }
@@ -109,6 +112,7 @@ _ENTRIES: Final = {
     SEQUENCE: "sequence(({t}, {s}, *{v}))",
 }
 _CHECKS: Final = {
+    NODE_LIST: "as_is.issuperset(map(type, {v}))",
     SEQUENCE: "raw.issuperset({s} := tuple(map(type, {v}))) and {s}",
     LAYERS: "{v} and carried.keys() >= ({s} := set(map(type, {v})))",
 }
@@ -129,7 +133,7 @@ def fast_flatten(
     `namespace["plan"]`. `namespace` holds the names the code reads: `templates`,
     `general`, `read`, `plan`, `aux` (the aux of a node without entries), `get_dict`
     (the `__dict__` of an instance whose class has a Python `__getattribute__`),
-    `raw` (the item types of a sequence), `sequence` (`_split.StaticSeq`), `hold`
+    `raw` (the item types of a sequence), `as_is` and `child_types` (`_leaves.as_is_types`), `sequence` (`_split.StaticSeq`), `hold`
     (`_static.hold`), `carry` (what makes a layer's carrier), `carried` (what
     makes one of a layer class, by class) and `surgeries` (`_carriers.surgeries`).
     `items` gives, per field of mode `ITEMS`, the kind and type of each item
@@ -168,7 +172,14 @@ def _fields_code(
 ) -> tuple[list[str], list[str], list[str]]:
     """The child expressions, entry expressions and checks of the fields, in order."""
     children, entries = [], []
-    checks = [f"type(v{i}) is t{i}" for i in range(len(modes))]
+    # A child's type may be any other that a field takes as a child as it is (a bias
+    # or `None`, an array or a tracer, a module), with the same plan.
+    checks = [
+        f"(type(v{i}) is t{i} or type(v{i}) in child_types)"
+        if mode == CHILD
+        else f"type(v{i}) is t{i}"
+        for i, mode in enumerate(modes)
+    ]
     for i, mode in enumerate(modes):
         n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
         if mode == ITEMS:
@@ -196,8 +207,8 @@ def _items_code(i: int, kinds: Any, kind: type) -> tuple[str, str]:
     place, a `None` where a static one is."""
     parts = []
     for k, (item, _) in enumerate(kinds):
-        if item == ITEM_CARRIED:
-            parts.append(f"carry(v{i}[{k}])")
+        if item == ITEM_CARRIED:  # its type checked: `carried` has its maker
+            parts.append(f"carried[m{i}[{k}]](v{i}[{k}])")
         elif item == ITEM_CHILD:
             parts.append(f"v{i}[{k}]")
         else:

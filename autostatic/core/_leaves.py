@@ -43,6 +43,8 @@ STATIC: Final = 9
 NODES: Final = frozenset({NODE, LAYER, CARRIER})
 # What a field of a real model may hold as a child: its values are all arrays.
 REAL: Final = frozenset({ARRAY, NDARRAY, NONE, NODE, LAYER})
+# What a list or tuple holds as a child as it is, whatever its length (`_split`).
+AS_IS: Final = frozenset({ARRAY, NONE, NODE})
 
 BUILTIN_CONTAINERS: Final = frozenset(
     {list, tuple, dict, collections.OrderedDict, collections.defaultdict}
@@ -59,6 +61,7 @@ def set_class_tests(node: Any, layer: Any, carrier: Any) -> None:
     _is_node_class[0], _is_layer_class[0], _is_carrier_class[0] = node, layer, carrier
     _categories.clear()
     real_types.clear()
+    as_is_types.clear()
 
 
 @functools.cache
@@ -105,8 +108,10 @@ _categories: dict[type, int] = {}
 _MOST_TYPES: Final = 4096
 
 
-# The types met so far whose values may be children of a real model (`REAL`).
+# The types met so far whose values may be children of a real model (`REAL`), and
+# those a list holds as children as they are (`AS_IS`).
 real_types: set[type] = set()
+as_is_types: set[type] = set()
 
 
 def category(x: Any) -> int:
@@ -119,9 +124,12 @@ def category(x: Any) -> int:
         if len(_categories) >= _MOST_TYPES:
             _categories.clear()
             real_types.clear()
+            as_is_types.clear()
         _categories[cls] = found
         if found in REAL:
             real_types.add(cls)
+        if found in AS_IS:
+            as_is_types.add(cls)
         return found
 
 

@@ -43,12 +43,15 @@ from ._generated import (
     ITEMS,
     KEPT,
     LAYERS,
+    NODE_LIST,
     SEQUENCE,
     specialise,
     unflatten_dispatcher,
 )
 from ._leaves import (
     ARRAY,
+    AS_IS,
+    as_is_types,
     CARRIER,
     category,
     LAYER,
@@ -127,6 +130,8 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "aux": (plan,),
         "get_dict": _object_getattribute,
         "raw": RAW,
+        "as_is": as_is_types,
+        "child_types": as_is_types,
         "sequence": StaticSeq,
         "hold": hold,
         "carry": to_carrier,
@@ -166,6 +171,8 @@ def _modes(
             modes.append(FLOAT)
         elif action == CARRY and category(value) == LAYER:
             modes.append(CARRIED)
+        elif action == SPLIT and type(value) in (list, tuple) and _as_is(value):
+            modes.append(NODE_LIST)
         elif (
             action in (SPLIT, WHOLE)
             and sequence
@@ -213,6 +220,11 @@ def _item_kinds(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] |
     if ITEM_STATIC not in places or set(places) == {ITEM_STATIC}:
         return None  # no static item, or no dynamic one: other modes
     return tuple(kinds)
+
+
+def _as_is(items: Any) -> bool:
+    """Whether every item is an array, an AutoModule or `None`."""
+    return all(category(x) in AS_IS for x in items)
 
 
 def _all_carried(items: Any) -> bool:

@@ -24,6 +24,7 @@ import jax.tree_util as jtu
 
 from ._leaves import (
     ARRAY,
+    AS_IS,
     CARRIER,
     category,
     CONTAINER,
@@ -162,10 +163,6 @@ def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
 # Item types that are their own static values, whatever the value (`_static.hold`).
 RAW: Final = frozenset({int, bool, str, bytes})
 
-# Item categories that make a list a child as it is, whatever its length: decided from
-# the set of its item types, in C.
-_AS_IS: Final = frozenset({ARRAY, NONE, NODE})
-
 
 def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """`split` for a list or tuple; one whose items hold containers takes the
@@ -174,7 +171,7 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     if types and not array_field and RAW.issuperset(types):  # sizes, names
         return STATIC, None, StaticSeq((type(value), types, *value))
     cats = item_categories(value)
-    if _AS_IS.issuperset(cats):
+    if AS_IS.issuperset(cats):
         return CHILD, value, None
     if cats == {LAYER}:  # a stack of `eqx.nn` layers
         return CHILD, type(value)(map(node_child, value)), None
