@@ -732,6 +732,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
     for study in (
         micro.aux_forms,
         micro.generated_code,
+        micro.generated_modes,
         micro.routed_tree_at,
         micro.linear_256,
         micro.warm_and_cold,
@@ -742,6 +743,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         "an aux of 4 entries",
         "own-256: every node's flatten (Python), general / generated",
         "transformer: every node's unflatten (Python), general / generated",
+        "nested: tree_flatten, without / with",
         "eqx.tree_at on 256 eqx.nn.Linear in an Module",
         "eqx.tree_at on 256 eqx.nn.Linear in an AutoModule",
         "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module",
@@ -752,6 +754,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
     # is what replaces one.
     assert "sub-module: Equinox's own fails" in printed
     assert printed.count("routed / Equinox's") == 3
+    assert printed.count("without node lists / both") == 2
     for model in ("linear-256", "transformer", "mixed-stack", "nested"):
         assert f"  {model}: " in printed
 
