@@ -133,13 +133,14 @@ def fast_flatten(
     `namespace["plan"]`. `namespace` holds the names the code reads: `templates`,
     `general`, `read`, `plan`, `aux` (the aux of a node without entries), `get_dict`
     (the `__dict__` of an instance whose class has a Python `__getattribute__`),
-    `raw` (the item types of a sequence), `as_is` and `child_types` (`_leaves.as_is_types`), `sequence` (`_split.StaticSeq`), `hold`
-    (`_static.hold`), `carry` (what makes a layer's carrier), `carried` (what
-    makes one of a layer class, by class) and `surgeries` (`_carriers.surgeries`).
-    `items` gives, per field of mode `ITEMS`, the kind and type of each item
-    (`namespace` then also holds `flat_holes`). With
-    `carrier`, it returns the layer's carrier instead of its node (`namespace` then
-    also holds `new` and `carrier_class`)."""
+    `raw` (the item types of a sequence), `as_is` and `child_types` (both
+    `_leaves.as_is_types`, named apart so that each check can be measured without
+    the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carry`
+    (what makes a layer's carrier), `carried` (what makes one of a layer class, by
+    class) and `surgeries` (`_carriers.surgeries`). `items` gives, per field of mode
+    `ITEMS`, the kind and type of each item (`namespace` then also holds
+    `flat_holes`). With `carrier`, it returns the layer's carrier instead of its node
+    (`namespace` then also holds `new` and `carrier_class`)."""
     children, entries, checks = _fields_code(types, modes, items or {})
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     if all(mode == CHILD for mode in modes):
