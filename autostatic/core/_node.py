@@ -54,6 +54,7 @@ from ._leaves import (
     as_is_types,
     CARRIER,
     category,
+    item_categories,
     LAYER,
     NODE,
     NONE,
@@ -171,7 +172,11 @@ def _modes(
             modes.append(FLOAT)
         elif action == CARRY and category(value) == LAYER:
             modes.append(CARRIED)
-        elif action == SPLIT and type(value) in (list, tuple) and _as_is(value):
+        elif (
+            action == SPLIT
+            and type(value) in (list, tuple)
+            and AS_IS.issuperset(item_categories(value))
+        ):
             modes.append(NODE_LIST)
         elif (
             action in (SPLIT, WHOLE)
@@ -220,11 +225,6 @@ def _item_kinds(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] |
     if ITEM_STATIC not in places or set(places) == {ITEM_STATIC}:
         return None  # no static item, or no dynamic one: other modes
     return tuple(kinds)
-
-
-def _as_is(items: Any) -> bool:
-    """Whether every item is an array, an AutoModule or `None`."""
-    return all(category(x) in AS_IS for x in items)
 
 
 def _all_carried(items: Any) -> bool:
