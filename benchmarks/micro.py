@@ -9,6 +9,9 @@
 - the flatten of the transformer and of `nested` with and without two checks of the
   generated flatten: a child of another type than the first instance's (a `None`
   bias after an array), and a list of modules;
+- the flatten of the 256-layer MLP of the user's own layers and of the transformer,
+  with and without a filter spec of the model (a tree of bools, a template) alive, as
+  a training loop that freezes some parameters keeps one;
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
   `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
@@ -20,6 +23,7 @@
   cold ones and follow other cells;
 """
 
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -34,7 +38,15 @@ from autostatic._compat import original_filter, original_tree_at
 
 from . import models as M, real_models as R
 from .registry import MODELS
-from .timing import drop_failing, frozen_heap, paired_ratio, run_interleaved, summary
+from .timing import (
+    calibrate,
+    drop_failing,
+    frozen_heap,
+    paired_ratio,
+    run_interleaved,
+    summary,
+    timed_batch,
+)
 
 
 def _report(title: str, samples: dict[str, list[float]], reference: str) -> None:
@@ -191,6 +203,37 @@ def generated_modes(rounds: int = 15) -> None:
         )
         cell(None)()
         _report(f"{name}: tree_flatten, without / with", samples, "both")
+
+
+def template_alive(rounds: int = 15) -> None:
+    """`jax.tree_util.tree_flatten` of a model while a filter spec of it (a tree of
+    bools: every node in it a template) is alive, against none alive, paired per round
+    (the spec made and dropped between batches, the order alternating): only the
+    templates themselves take the general flatten."""
+    from .scaling import builder, layer_arrays
+
+    transformer = next(
+        m for m in MODELS if m.name == "transformer" and m.kind == M.EQX_NN
+    )
+    for name, built in (
+        ("own-256", builder("own", "autostatic", layer_arrays(256))()),
+        ("transformer", transformer.build("autostatic", transformer.parts(0))),
+    ):
+        flatten = functools.partial(jax.tree_util.tree_flatten, built)
+        loops = calibrate(flatten, 2e-3)
+        samples: dict[str, list[float]] = {"none alive": [], "a spec alive": []}
+        with frozen_heap():
+            for r in range(rounds):
+                for alive in (r % 2 == 0, r % 2 == 1):
+                    spec = (
+                        jax.tree_util.tree_map(lambda _: False, built)
+                        if alive
+                        else None
+                    )
+                    key = "a spec alive" if alive else "none alive"
+                    samples[key].append(timed_batch(flatten, loops))
+                    del spec
+        _report(f"{name}: tree_flatten, with / without", samples, "none alive")
 
 
 class _EqxHolder(eqx.Module):
@@ -380,6 +423,7 @@ if __name__ == "__main__":
     aux_forms()
     generated_code()
     generated_modes()
+    template_alive()
     routed_tree_at()
     routed_filter()
     linear_256()

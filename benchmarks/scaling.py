@@ -69,7 +69,7 @@ def _classes() -> dict[tuple[str, str], type]:
     }
 
 
-def _arrays(n: int) -> list[tuple[jax.Array, jax.Array]]:
+def layer_arrays(n: int) -> list[tuple[jax.Array, jax.Array]]:
     keys = jax.random.split(jax.random.key(0), n)
     return [(jax.random.normal(k, (WIDTH, WIDTH)), jnp.zeros(WIDTH)) for k in keys]
 
@@ -134,7 +134,7 @@ def memory_per_model(build: Callable[[], Any], count: int) -> float:
 
 
 def _depth(kind: str, n: int, settings: Settings) -> ScalingDepth:
-    arrays = _arrays(n)
+    arrays = layer_arrays(n)
     builds = {impl: builder(kind, impl, arrays) for impl in IMPLS}
     samples = run_interleaved(
         _cells({impl: build() for impl, build in builds.items()}),

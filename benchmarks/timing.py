@@ -69,7 +69,7 @@ def drop_failing(cells: MutableMapping[K, Callable[[], Any]]) -> dict[K, str]:
     return fails
 
 
-def _batch(fn: Callable[[], Any], n: int) -> float:
+def timed_batch(fn: Callable[[], Any], n: int) -> float:
     """Mean seconds per call over `n` back-to-back calls."""
     loop = itertools.repeat(None, n)
     clock = time.perf_counter
@@ -84,7 +84,7 @@ def calibrate(fn: Callable[[], Any], batch_s: float, max_loops: int = 100_000) -
     fn()  # warm up (first-call caches, lazy attributes)
     n = 1
     while True:
-        per_call = _batch(fn, n)
+        per_call = timed_batch(fn, n)
         if per_call * n >= batch_s / 4 or n >= max_loops:
             break
         n = min(max_loops, n * 10)
@@ -126,7 +126,7 @@ def run_interleaved(
                 gc.disable()
                 rng.shuffle(order)
                 for key in order:
-                    samples[key].append(_batch(cells[key], loops[key]))
+                    samples[key].append(timed_batch(cells[key], loops[key]))
                 gc.enable()
                 elapsed = time.perf_counter() - start
                 if (

@@ -3,6 +3,7 @@ its type, with the treedef that value has standalone, however the model was made
 (built, unflattened by a tree_map, returned by jax.jit), and two fields, two classes
 or a field and a plain value of the same structure combine as with eqx.Module."""
 
+import operator
 from typing import Any
 
 import equinox as eqx
@@ -81,6 +82,24 @@ def test_every_attribute_has_the_treedef_of_its_value_standalone(desc_a, desc_b)
     # Equal values in two models give equal treedefs.
     again = Box(make(desc_a), make(desc_b))
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(model)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nests, nests)
+def test_a_live_filter_spec_changes_no_other_instance_s_flatten(desc_a, desc_b):
+    # A filter spec kept for a training loop is a tree of templates; the model's own
+    # instances, and new ones, flatten as they would with none alive.
+    model = Box(make(desc_a), make(desc_b))
+    before = jax.tree_util.tree_flatten(model)
+    spec = jax.tree_util.tree_map(lambda _: False, model)
+    assert jax.tree_util.tree_structure(spec) == before[1]
+    assert not any(jax.tree_util.tree_leaves(spec))
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    assert treedef == before[1] and all(map(operator.is_, leaves, before[0]))
+    again = Box(make(desc_a), make(desc_b))
+    assert jax.tree_util.tree_structure(again) == before[1]
+    del spec
+    assert jax.tree_util.tree_structure(again) == before[1]
 
 
 class Two(asx.AutoModule):

@@ -36,7 +36,7 @@ _TEMPLATE: Final = '''\
 def flatten(self):
     """{qualname}'s flatten when its fields hold {types}: the children {children},
     the static entries {entries}; any other instance takes the general flatten."""
-    if templates:
+    if templates and id(self) in templates:
         return general(self)
     try:
         values = read({dict_of_self})
