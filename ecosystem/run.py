@@ -3,6 +3,7 @@ their Modules auto-static.
 
     python -m ecosystem [--git-dir LIB=PATH ...] [--every K] [--start R] [--only LIB]
                         [--jobs N] [--part K/N] [--new-only] [--modes M] [--out DIR]
+                        [--deadline MINUTES] [--chunk N]
 
 For each library, the tests of the git tag matching the installed version are
 extracted (never committed), collected, and a deterministic sample (every K-th item
@@ -19,7 +20,9 @@ Each failure is put under the cause its message names (`CAUSES`), and the report
 and failed, and each remaining failure grouped by cause. Runs add to `--out`'s
 results item by item: another part of the files (`--part`), or a denser sample of the
 items no run has reached (`--every K --new-only`), or the items a sample left
-(`--every K --start R`), so a whole suite can be run over several sessions.
+(`--every K --start R`), so a whole suite can be run over several sessions; a run
+given a `--deadline` keeps what ran by then and leaves the rest to a later
+`--new-only` run.
 """
 
 import argparse
@@ -209,17 +212,29 @@ def classify(message: str) -> str:
 
 
 def run_mode(
-    root: Path, library: str, mode: str, items: list[str], timeout: int
+    root: Path,
+    library: str,
+    mode: str,
+    items: list[str],
+    timeout: int,
+    deadline: float | None = None,
+    chunk: int | None = None,
 ) -> Outcome:
-    """Runs `items` in `mode`, one pytest process per test file: a test that kills
-    its interpreter (diffrax's suite has one) loses only its own file's remaining
-    items, each counted as a crash."""
+    """Runs `items` in `mode`, one pytest process per test file (per `chunk` items of
+    it): a test that kills its interpreter (diffrax's suite has one) loses only its
+    own process's remaining items, each counted as a crash. No process starts after
+    `deadline` (`time.monotonic`); the items left are not in the outcome."""
     outcome = Outcome(mode, len(items))
     per_file: dict[str, list[str]] = {}
     for item in items:
         per_file.setdefault(item.split("::")[0], []).append(item)
     for file_items in per_file.values():
-        _run_file(root, library, mode, file_items, timeout, outcome)
+        size = chunk or len(file_items)
+        for i in range(0, len(file_items), size):
+            if deadline is not None and time.monotonic() > deadline:
+                outcome.selected = len(outcome.statuses)
+                return outcome
+            _run_file(root, library, mode, file_items[i : i + size], timeout, outcome)
     return outcome
 
 
@@ -362,6 +377,15 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=int, default=3 * 3600, help="per run, seconds"
     )
     parser.add_argument(
+        "--deadline",
+        type=float,
+        help="minutes after which no test process starts: the items left stay for a "
+        "later run (--new-only), and what ran is kept",
+    )
+    parser.add_argument(
+        "--chunk", type=int, help="at most this many items in one test process"
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="only render report.md again from the results.json in --out",
@@ -377,14 +401,24 @@ def _run_library(
     items = collect(root)
     every = args.every or EVERY[library]
     chosen = in_part(sample(items, every, args.start), args.part)
+    modes = args.modes.split(",")
     if args.new_only:
-        done = _items_run(args.out / "results.json", library)
+        done = _items_run(args.out / "results.json", library, modes)
         chosen = [i for i in chosen if i not in done]
     print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
-    modes = args.modes.split(",")
+    deadline = args.deadline and time.monotonic() + 60 * args.deadline
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         runs = [
-            pool.submit(run_mode, root, library, mode, chosen, args.timeout)
+            pool.submit(
+                run_mode,
+                root,
+                library,
+                mode,
+                chosen,
+                args.timeout,
+                deadline,
+                args.chunk,
+            )
             for mode in modes
         ]
         outcomes = [run.result() for run in runs]
@@ -394,6 +428,7 @@ def _run_library(
             f"{outcome.skipped} skipped ({outcome.seconds:.0f} s)",
             flush=True,
         )
+    stopped = any(o.selected < len(chosen) for o in outcomes)
     files: dict[str, int] = {}
     for item in items:
         files[_file_of(item)] = files.get(_file_of(item), 0) + 1
@@ -411,7 +446,8 @@ def _run_library(
                 "start": args.start,
                 "new_only": args.new_only,
                 "modes": args.modes,
-                "items": len(chosen),
+                "items": len(set().union(*(o.statuses for o in outcomes))),
+                **({"stopped": True} if stopped else {}),
             }
         ],
     }
@@ -438,14 +474,18 @@ def items_reached(result: dict[str, Any]) -> set[str]:
     return {n for o in result["outcomes"] for n in o.get("statuses", {})}
 
 
-def _items_run(path: Path, library: str) -> set[str]:
-    """The items of `library` that the results at `path` hold an outcome of."""
+def _items_run(path: Path, library: str, modes: list[str]) -> set[str]:
+    """The items of `library` that the results at `path` hold an outcome of in
+    every one of `modes`."""
     if not path.exists():
         return set()
     result = json.loads(path.read_text()).get(library)
     if result is None or result.get("version") != importlib.metadata.version(library):
         return set()
-    return items_reached(result)
+    by_mode = {o["mode"]: set(o.get("statuses", {})) for o in result["outcomes"]}
+    if not all(mode in by_mode for mode in modes):
+        return set()
+    return set.intersection(*(by_mode[mode] for mode in modes))
 
 
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -464,7 +504,11 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     # A sample of some files only, or started past each file's first item, is no
     # denser sample of the suite.
     run = new["runs"][-1]
-    partial = run.get("start", 0) != 0 or run.get("part", "all") != "all"
+    partial = (
+        run.get("start", 0) != 0
+        or run.get("part", "all") != "all"
+        or run.get("stopped", False)
+    )
     every = old.get("every", new["every"])
     return {
         **new,

@@ -149,7 +149,7 @@ def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None
     sparse = result(4, False, {i: "passed" for i in sample(items, 4)})
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"lineax": sparse}))
-    done = _items_run(path, "lineax")
+    done = _items_run(path, "lineax", ["b"])
     assert done == {"t/a.py::0", "t/a.py::4"}
     new = [i for i in sample(items, 2) if i not in done]
     assert new == ["t/a.py::2", "t/a.py::6"]
@@ -178,4 +178,55 @@ def test_a_denser_sample_of_new_items_only_adds_to_the_results(tmp_path) -> None
     assert merge(merged, some)["every"] == 2
     # Results of another version say nothing about which items ran.
     path.write_text(json.dumps({"lineax": sparse | {"version": "0.0.0"}}))
-    assert _items_run(path, "lineax") == set()
+    assert _items_run(path, "lineax", ["b"]) == set()
+
+
+def test_a_run_stops_at_its_deadline_and_leaves_the_rest_for_later(
+    monkeypatch, tmp_path
+) -> None:
+    import importlib.metadata
+    import time
+
+    from ecosystem import run as R
+
+    processes: list[list[str]] = []
+
+    def one_process(root, library, mode, items, timeout, outcome) -> None:
+        processes.append(items)
+        for item in items:
+            outcome.note(item, "passed")
+
+    monkeypatch.setattr(R, "_run_file", one_process)
+    items = [f"t/{f}.py::{i}" for f in "ab" for i in range(5)]
+    outcome = R.run_mode(Path("."), "lineax", "b", items, 60, None, 2)
+    assert [len(p) for p in processes] == [2, 2, 1, 2, 2, 1]
+    assert outcome.selected == 10 and set(outcome.statuses) == set(items)
+    processes.clear()
+    outcome = R.run_mode(Path("."), "lineax", "b", items, 60, time.monotonic() - 1)
+    assert processes == [] and outcome.selected == 0 and outcome.statuses == {}
+
+    # An item is done for a later --new-only run once every mode it asks ran it.
+    def result(every: int, statuses: dict[str, dict[str, str]], **run: object) -> dict:
+        return {
+            "version": importlib.metadata.version("lineax"), "collected": 10,
+            "every": every, "collected_files": {},
+            "outcomes": [{"mode": m, "statuses": s, "failures": {}, "seconds": 1.0,
+                          "rebase_summary": ""} for m, s in statuses.items()],
+            "runs": [{"autostatic": "abc1234", "part": "all", "every": every,
+                      "new_only": True, "items": 2, **run}],
+        }  # fmt: skip
+
+    stopped = result(1, {"baseline": dict.fromkeys(items[:2], "passed"),
+                         "b": {items[0]: "passed"}}, stopped=True)  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"lineax": stopped}))
+    assert R._items_run(path, "lineax", ["baseline"]) == set(items[:2])
+    assert R._items_run(path, "lineax", ["baseline", "b"]) == {items[0]}
+    assert R._items_run(path, "lineax", ["b2"]) == set()
+    # A stopped run is no denser sample of the suite, and the report says it stopped.
+    sparse = result(4, {"b": {items[4]: "passed"}})
+    assert R.merge(sparse, stopped)["every"] == 4
+    from ecosystem.report import _sample_of
+
+    said = _sample_of(stopped["runs"][0])
+    assert said.endswith("new items only, stopped at its deadline")
