@@ -12,6 +12,10 @@
 - the flatten of the 256-layer MLP of the user's own layers and of the transformer,
   with and without a filter spec of the model (a tree of bools, a template) alive, as
   a training loop that freezes some parameters keeps one;
+- the flatten and `jax.jit` dispatch of the user's own layers per layer: 256 layers,
+  4,096 layers, and 16 models of 256 layers taken in turn (as much memory as 4,096
+  layers, in models of 256), to tell the cost of the memory touched from the cost
+  of the model's size;
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
   `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
@@ -44,6 +48,7 @@ from .timing import (
     frozen_heap,
     paired_ratio,
     run_interleaved,
+    scaled_summary,
     summary,
     timed_batch,
 )
@@ -141,7 +146,7 @@ def generated_code(rounds: int = 15) -> None:
     run: the 256-layer MLP of the user's own layers and the four real models."""
     from . import scaling
 
-    arrays = scaling._arrays(256)
+    arrays = scaling.layer_arrays(256)
     models = {"own-256": scaling.builder("own", "autostatic", arrays)()}
     for model in (m for m in MODELS if m.kind == M.EQX_NN):
         models[model.name] = model.build("autostatic", model.parts(0))
@@ -236,6 +241,53 @@ def template_alive(rounds: int = 15) -> None:
         _report(f"{name}: tree_flatten, with / without", samples, "none alive")
 
 
+def working_set(rounds: int = 15) -> None:
+    """Per layer, µs: `tree_flatten` and a `jax.jit` call's dispatch of the MLP of the
+    user's own layers at 256 layers, at 4,096, and over 16 models of 256 taken in turn
+    (the memory of 4,096 layers, each flatten of 256), AutoModule and the fair twin,
+    every cell interleaved. If 16 x 256 costs per layer what 4,096 does, a deeper
+    model costs more per layer for the memory it touches, not for its depth."""
+    from .scaling import builder, layer_arrays
+
+    arrays = layer_arrays(4096)
+    probe = jax.jit(lambda m: m.layers[0].weight + 1)
+    cells: dict[str, Callable[[], Any]] = {}
+    for impl in ("autostatic", "eqx-static"):
+        one = builder("own", impl, arrays[:256])()
+        deep = builder("own", impl, arrays)()
+        parts = [
+            builder("own", impl, arrays[i : i + 256])() for i in range(0, 4096, 256)
+        ]
+        for m in (one, deep, *parts):
+            probe(m).block_until_ready()
+        for op, call in (("flatten", jax.tree_util.tree_flatten), ("dispatch", probe)):
+            cells[f"{impl} {op} 256"] = functools.partial(call, one)
+            cells[f"{impl} {op} 4096"] = functools.partial(call, deep)
+            cells[f"{impl} {op} 16 x 256"] = functools.partial(
+                lambda call, ms: [call(m) for m in ms], call, parts
+            )
+    samples = run_interleaved(cells, rounds)
+    layers = {"256": 256, "4096": 4096, "16 x 256": 4096}
+    print("working set: per layer, µs, median (IQR); autostatic / eqx-static")
+    for op in ("flatten", "dispatch"):
+        for size, n in layers.items():
+            per_layer = {
+                impl: scaled_summary(samples[f"{impl} {op} {size}"], 1e6 / n)
+                for impl in ("autostatic", "eqx-static")
+            }
+            ratio = paired_ratio(
+                samples[f"autostatic {op} {size}"], samples[f"eqx-static {op} {size}"]
+            )
+            print(
+                f"  {op}, {size}: "
+                + ", ".join(
+                    f"{impl} {x['median']:.3f} ({x['q1']:.3f}-{x['q3']:.3f})"
+                    for impl, x in per_layer.items()
+                )
+                + f"; {ratio['median']:.3f}x (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})"
+            )
+
+
 class _EqxHolder(eqx.Module):
     layers: list
 
@@ -287,9 +339,9 @@ def routed_filter(rounds: int = 15) -> None:
     """`eqx.filter(model, eqx.is_array)`, the array half, on the 256-layer MLPs of
     both layer kinds: routed against the fair twin's, and against Equinox's own
     filter of the same AutoModule (whose array half reads the static values)."""
-    from .scaling import _arrays, builder
+    from .scaling import builder, layer_arrays
 
-    arrays = _arrays(256)
+    arrays = layer_arrays(256)
     for kind in ("own", "eqx.nn"):
         ours, twin = (
             builder(kind, impl, arrays)() for impl in ("autostatic", "eqx-static")
@@ -424,6 +476,7 @@ if __name__ == "__main__":
     generated_code()
     generated_modes()
     template_alive()
+    working_set()
     routed_tree_at()
     routed_filter()
     linear_256()
