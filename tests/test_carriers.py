@@ -189,6 +189,39 @@ def test_a_tree_map_replacing_held_layers_reads_as_in_the_eqx_module():
     )
 
 
+class _Scaled(asx.AutoModule):
+    linear: eqx.nn.Linear
+    stack: list
+    scale: jax.Array
+
+
+class _EqxScaled(eqx.Module):
+    linear: eqx.nn.Linear
+    stack: list
+    scale: jax.Array
+
+
+def test_a_tree_map_keeping_layers_and_replacing_arrays_reads_as_in_the_eqx_module():
+    # The arrays beside the layers become 0s (a template) while the layers an is_leaf
+    # callback stops at come back as they were: the attributes are the layers.
+    is_layer = lambda x: isinstance(x, eqx.nn.Linear)
+    keep_layers = lambda x: x if is_layer(x) else 0
+    linears = [eqx.nn.Linear(2, 2, key=k) for k in jax.random.split(KEY, 2)]
+    ours, theirs = (
+        cls(linears[0], [linears[1], jnp.ones(2)], jnp.ones(()))
+        for cls in (_Scaled, _EqxScaled)
+    )
+    ours_map, theirs_map = (
+        jax.tree_util.tree_map(keep_layers, m, is_leaf=is_layer) for m in (ours, theirs)
+    )
+    for model in (ours_map, theirs_map):
+        assert model.linear is linears[0] and model.stack[0] is linears[1]
+        assert model.stack[1] == 0 and model.scale == 0
+    assert jax.tree_util.tree_structure(ours_map) == jax.tree_util.tree_structure(ours)
+    again = jax.tree_util.tree_map(keep_layers, ours_map, is_leaf=is_layer)
+    assert again.linear is linears[0] and again.stack[0] is linears[1]
+
+
 def test_separately_built_models_share_one_trace():
     counter = TraceCounter(lambda m, x: m(x))
     f = jax.jit(counter)
