@@ -7,6 +7,7 @@ import pickle
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import autostatic as asx
@@ -49,6 +50,37 @@ def test_aux_pickles_with_function_types():
     aux = _aux(Pair(jnp.ones(2), len, "x"))
     again = pickle.loads(pickle.dumps(aux))
     assert again == aux and again[0] is aux[0]
+
+
+class Held(asx.AutoModule):
+    tags: frozenset
+    zero: complex
+    nan: float
+    dtype: type
+    w: jax.Array
+
+
+@pytest.mark.parametrize("tags", [frozenset({1, 2}), {1, 2}])
+def test_a_treedef_of_held_static_values_pickles_equal_and_unflattens_them(tags):
+    # Each held form (a set's frozen copy, an exact zero or NaN, a dtype) pickles,
+    # hashes and compares as the value it stands for; the unflatten gives the value.
+    model = Held(tags, complex(-0.0, 1), float("nan"), np.float32, jnp.ones(2))
+    treedef = jax.tree_util.tree_structure(model)
+    again = pickle.loads(pickle.dumps(treedef))
+    assert again == treedef and hash(again) == hash(treedef)
+    back = jax.tree_util.tree_unflatten(again, [jnp.zeros(2)])
+    assert type(back.tags) is type(tags) and back.tags == tags
+    assert str(back.zero) == "(-0+1j)" and back.nan != back.nan
+    assert back.dtype is np.float32
+    entries = set(map(repr, _aux(model)[1:]))
+    assert {
+        "ExactFloat((-0+1j))",
+        "ExactFloat(nan)",
+        "SameDtype(<class 'numpy.float32'>)",
+    } <= entries
+    # Another zero's sign, or another set, is another treedef.
+    other = Held(frozenset({1}), complex(0.0, 1), float("nan"), np.float32, jnp.ones(2))
+    assert jax.tree_util.tree_structure(other) != treedef
 
 
 def test_static_leaves_compare_in_c_unless_eq_is_python():

@@ -65,9 +65,6 @@ class SetValue(frozenset):
     def __hash__(self) -> int:
         return hash(self._key)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return SetValue, (list(self), self.kind)
-
 
 def needs_exact_float(x: float | complex) -> bool:
     """A zero (`0.0 == -0.0`, yet `1 / x` differs) or NaN (never `==` itself), or a
