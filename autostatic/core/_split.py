@@ -34,7 +34,6 @@ from ._leaves import (
     LAYER,
     NDARRAY,
     NODE,
-    NODES,
     NONE,
     NUMBER,
     SHAPE,
@@ -140,20 +139,11 @@ _VALUE_OF_ENTRY: Final[dict[type, Callable[[Any], Any]]] = {
 
 
 def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
-    """The kind of `value` and its child and entry (see the module docstring)."""
-    cat = category(value)
-    if cat in (ARRAY, NONE):
+    """The kind of a field's numpy array or container `value` (the field values
+    whose kind follows from their value, `_plan.SPLIT`) and its child and entry (see
+    the module docstring)."""
+    if category(value) == NDARRAY:  # of a dtype JAX holds: others are refused
         return CHILD, value, None
-    if cat == NODE:
-        return CHILD, value, None
-    if cat in NODES:  # a layer, or a carrier handed out
-        return CHILD, node_child(value), None
-    if cat == NDARRAY and jax_holds(value.dtype):
-        return CHILD, value, None
-    if cat in (NUMBER, SHAPE):
-        return (CHILD, value, None) if array_field else (STATIC, None, hold(value))
-    if cat != CONTAINER:
-        return STATIC, None, hold(value)
     kind = type(value)
     if kind is list or kind is tuple:
         return _split_items(value, array_field, node_child)
