@@ -400,6 +400,31 @@ def test_reading_an_unset_field_in_init_raises_attribute_error():
     assert Early().n == 3
 
 
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module])
+def test_a_flatten_inside_init_sees_the_fields_set_so_far(base):
+    # As in an eqx.Module: the arrays set so far are the leaves, the rest is not yet
+    # there; the finished instance flattens as any other, every time.
+    seen = []
+
+    class Early(base):
+        w: jax.Array
+        n: int
+        b: jax.Array
+
+        def __init__(self):
+            self.w = jnp.ones(2)
+            seen.append(jax.tree_util.tree_leaves(self))
+            self.n = 3
+            self.b = jnp.zeros(1)
+
+    models = [Early(), Early()]
+    assert [len(leaves) for leaves in seen] == [1, 1] and seen[0][0] is models[0].w
+    leaves = jax.tree_util.tree_leaves(models[1])
+    assert [x.shape for x in leaves if eqx.is_array(x)] == [(2,), (1,)]
+    structures = {jax.tree_util.tree_structure(m) for m in models}
+    assert len(structures) == 1
+
+
 def test_unflattened_instances_read_their_own_values_not_defaults():
     class WithDefault(asx.AutoModule):
         w: jax.Array
