@@ -2,7 +2,9 @@
 names, values made at each unflatten."""
 
 import dataclasses
+import gc
 import pickle
+import weakref
 
 import equinox as eqx
 import jax
@@ -81,6 +83,28 @@ def test_a_treedef_of_held_static_values_pickles_equal_and_unflattens_them(tags)
     # Another zero's sign, or another set, is another treedef.
     other = Held(frozenset({1}), complex(0.0, 1), float("nan"), np.float32, jnp.ones(2))
     assert jax.tree_util.tree_structure(other) != treedef
+
+
+class Kept(asx.AutoModule):
+    value: object
+    w: jax.Array
+
+
+def test_the_types_of_dropped_static_values_are_let_go_past_the_bounds():
+    # Every table keyed by type is bounded (a leaf category per type, plans and
+    # signatures per class): a model per new class of static value, dropped, leaves
+    # nothing of those classes alive once the bounds are passed. (The first types
+    # met stay: the class's generated code was made for them.)
+    w = jnp.ones(2)
+    refs = []
+    for i in range(4200):
+        kind = type(f"Kind{i}", (), {})
+        if i < 4:
+            refs.append(weakref.ref(kind))
+        jax.tree_util.tree_flatten(Kept(kind(), w))
+    del kind
+    gc.collect()
+    assert [r() is None for r in refs[1:]] == [True, True, True]
 
 
 def test_static_leaves_compare_in_c_unless_eq_is_python():
