@@ -161,6 +161,12 @@ def generated_code(rounds: int = 15) -> None:
             )
 
 
+def _eqx_nn_model(name: str) -> Any:
+    """The real model `name` of held `eqx.nn` layers, built on AutoModule."""
+    model = next(m for m in MODELS if m.name == name and m.kind == M.EQX_NN)
+    return model.build("autostatic", model.parts(0))
+
+
 def _scopes(model: Any) -> list[dict[str, Any]]:
     """The globals of the generated flattens of `model`'s classes."""
     from autostatic.core import _node
@@ -183,8 +189,7 @@ def generated_modes(rounds: int = 15) -> None:
     from autostatic.core._leaves import as_is_types
 
     for name in ("transformer", "nested"):
-        model = next(m for m in MODELS if m.name == name and m.kind == M.EQX_NN)
-        built = model.build("autostatic", model.parts(0))
+        built = _eqx_nn_model(name)
         jax.tree_util.tree_flatten(built)
         scopes = _scopes(built)
 
@@ -217,12 +222,9 @@ def template_alive(rounds: int = 15) -> None:
     templates themselves take the general flatten."""
     from .scaling import builder, layer_arrays
 
-    transformer = next(
-        m for m in MODELS if m.name == "transformer" and m.kind == M.EQX_NN
-    )
     for name, built in (
         ("own-256", builder("own", "autostatic", layer_arrays(256))()),
-        ("transformer", transformer.build("autostatic", transformer.parts(0))),
+        ("transformer", _eqx_nn_model("transformer")),
     ):
         flatten = functools.partial(jax.tree_util.tree_flatten, built)
         loops = calibrate(flatten, 2e-3)

@@ -406,7 +406,7 @@ def _run_library(
         done = _items_run(args.out / "results.json", library, modes)
         chosen = [i for i in chosen if i not in done]
     print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
-    deadline = args.deadline and time.monotonic() + 60 * args.deadline
+    deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         runs = [
             pool.submit(

@@ -81,7 +81,11 @@ def test_a_treedef_of_held_static_values_pickles_equal_and_unflattens_them(tags)
         "SameDtype(<class 'numpy.float32'>)",
     } <= entries
     # Another zero's sign, or another set, is another treedef.
-    other = Held(frozenset({1}), complex(0.0, 1), float("nan"), np.float32, jnp.ones(2))
+    signed = Held(tags, complex(0.0, 1), float("nan"), np.float32, jnp.ones(2))
+    assert jax.tree_util.tree_structure(signed) != treedef
+    other = Held(
+        frozenset({1}), complex(-0.0, 1), float("nan"), np.float32, jnp.ones(2)
+    )
     assert jax.tree_util.tree_structure(other) != treedef
 
 
