@@ -735,7 +735,9 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         micro.generated_modes,
         micro.template_alive,
         micro.working_set,
+        micro.dispatch_floor,
         micro.routed_tree_at,
+        micro.routed_filter,
         micro.linear_256,
         micro.warm_and_cold,
     ):
@@ -749,6 +751,8 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         "transformer: tree_flatten, with / without",
         "working set: per layer",
         "dispatch, 16 x 256: autostatic",
+        "dispatch: no check / dispatch: fair twin",
+        "eqx.filter(mlp-256 of own layers, eqx.is_array): routed / twin",
         "eqx.tree_at on 256 eqx.nn.Linear in an Module",
         "eqx.tree_at on 256 eqx.nn.Linear in an AutoModule",
         "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module",
