@@ -16,7 +16,7 @@
   4,096 layers, and 16 models of 256 layers taken in turn (as much memory as 4,096
   layers, in models of 256), to tell the cost of the memory touched from the cost
   of the model's size;
-- the same flatten and dispatch at 256 layers with the layer's generated flatten
+- the same flatten and dispatch at 256 and 4,096 layers with the layer's flatten
   swapped for one that reads the two fields and checks nothing (the floor of any
   flatten of an AutoModule layer written in Python), against the fair twin;
 - the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
@@ -294,56 +294,59 @@ def working_set(rounds: int = 15) -> None:
 
 
 def dispatch_floor(rounds: int = 15) -> None:
-    """`tree_flatten` and `jax.jit` dispatch of the MLP of 256 of the user's own
-    layers, per layer: the layer's generated flatten, the same function given code
-    that reads the two fields and checks nothing (what no flatten of this class in
-    Python can beat), and the fair twin, every cell interleaved."""
+    """`tree_flatten` and `jax.jit` dispatch of the MLP of 256 and of 4,096 of the
+    user's own layers, per layer: the layer's generated flatten, the same function
+    given code that reads the two fields and checks nothing (what no flatten of this
+    class in Python can beat), and the fair twin, every cell interleaved."""
+    from .scaling import layer_arrays
+
+    scope: dict[str, Any] = {}
+    exec("def floor(self):\n    return (self.weight, self.bias), aux\n", scope)
+    for n in (256, 4096):
+        samples = run_interleaved(_floor_cells(layer_arrays(n), scope["floor"]), rounds)
+        for op in ("flatten", "dispatch"):
+            cells = {k: v for k, v in samples.items() if k.startswith(op)}
+            per_layer = {
+                k: scaled_summary(v, 1e6 / n)["median"] for k, v in cells.items()
+            }
+            print(
+                f"{op}, {n} own layers, µs per layer: "
+                + ", ".join(f"{k} {v:.3f}" for k, v in per_layer.items())
+            )
+            _report(f"{op}, {n} own layers", cells, f"{op}: fair twin")
+
+
+def _floor_cells(arrays: Any, floor: Any) -> dict[str, Callable[[], Any]]:
+    """`dispatch_floor`'s cells: each sets the layer class's flatten code it needs."""
     from autostatic.core._fields import fields_of
 
-    from .scaling import builder, layer_arrays
+    from .scaling import builder
 
-    arrays = layer_arrays(256)
     ours, twin = (
         builder("own", impl, arrays)() for impl in ("autostatic", "eqx-static")
     )
     flatten = fields_of(type(ours.layers[0])).flatten
     jax.tree_util.tree_flatten(ours)  # the generated code is in place
-    generated = flatten.__code__
-    scope: dict[str, Any] = {}
-    exec("def floor(self):\n    return (self.weight, self.bias), aux\n", scope)
-    floor = scope["floor"].__code__
+    codes = {"generated": flatten.__code__, "no check": floor.__code__}
     probe = jax.jit(lambda m: m.layers[0].weight + 1)
 
-    def cell(call: Callable[[Any], Any], model: Any, code: Any) -> Callable[[], Any]:
+    def cell(call: Callable[[Any], Any], model: Any, code: str) -> Callable[[], Any]:
         def run() -> Any:
-            flatten.__code__ = code
-            return call(model)
+            flatten.__code__ = codes[code]
+            try:
+                return call(model)
+            finally:
+                flatten.__code__ = codes["generated"]
 
         return run
 
     cells: dict[str, Callable[[], Any]] = {}
     for op, call in (("flatten", jax.tree_util.tree_flatten), ("dispatch", probe)):
-        cells[f"{op}: generated"] = cell(call, ours, generated)
-        cells[f"{op}: no check"] = cell(call, ours, floor)
-        cells[f"{op}: fair twin"] = cell(call, twin, generated)
+        cells[f"{op}: generated"] = cell(call, ours, "generated")
+        cells[f"{op}: no check"] = cell(call, ours, "no check")
+        cells[f"{op}: fair twin"] = cell(call, twin, "generated")
         call(ours), call(twin)
-    samples = run_interleaved(cells, rounds)
-    flatten.__code__ = generated
-    for op in ("flatten", "dispatch"):
-        per_layer = {
-            k: scaled_summary(v, 1e6 / 256)["median"]
-            for k, v in samples.items()
-            if k.startswith(op)
-        }
-        print(
-            f"{op}, µs per layer: "
-            + ", ".join(f"{k} {v:.3f}" for k, v in per_layer.items())
-        )
-        _report(
-            f"{op}, 256 own layers",
-            {k: v for k, v in samples.items() if k.startswith(op)},
-            f"{op}: fair twin",
-        )
+    return cells
 
 
 class _EqxHolder(eqx.Module):
