@@ -1,12 +1,13 @@
 """The notebook runner of the ecosystem report: a notebook's classes rebased by a
 first cell alone, and its printed output and arrays compared with stock's."""
 
+import gzip
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from ecosystem.notebooks import differences, execute, render
+from ecosystem.notebooks import differences, execute, render, stand_in_mnist
 
 _CELLS = [
     "import equinox as eqx, jax, jax.numpy as jnp",
@@ -72,3 +73,30 @@ def test_a_different_result_is_reported(tmp_path):
     doctored = {**rebased, "output": [*rebased["output"], "FINGERPRINT extra"]}
     found = differences({"baseline": stock, "b": doctored, "b2": rebased})
     assert found["b"] == ["+FINGERPRINT extra"] and found["b2"] == []
+
+
+def test_mnist_s_test_set_stands_in_for_absent_training_images(tmp_path):
+    raw = tmp_path / "MNIST/MNIST/raw"
+    raw.mkdir(parents=True)
+    images = bytes([0, 0, 8, 3, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, 7, 8, 9, 10])
+    labels = bytes([0, 0, 8, 1, 0, 0, 0, 1, 5])
+    (raw / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(images))
+    (raw / "t10k-labels-idx1-ubyte").write_bytes(labels)
+    (raw / "train-labels-idx1-ubyte").write_bytes(bytes([0, 0, 8, 1, 0, 0, 0, 1, 3]))
+    said = stand_in_mnist(tmp_path)
+    assert said is not None and "test images and labels stand in" in said
+    # The labels replaced too: each training image keeps its own label.
+    assert (raw / "train-images-idx3-ubyte").read_bytes() == images
+    assert (raw / "train-labels-idx1-ubyte").read_bytes() == labels
+    assert stand_in_mnist(tmp_path) is None  # the real files (or these) are kept
+    shown = render(
+        {
+            "equinox": "0",
+            "autostatic": "abc1234",
+            "notebooks": {},
+            "skipped": {},
+            "stand_ins": {"mnist": said},
+            "absent": [],
+        }
+    )
+    assert f"- mnist: {said}" in shown
