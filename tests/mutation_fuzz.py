@@ -11,7 +11,7 @@ import io
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -44,7 +44,13 @@ class ETop(eqx.Module):
 
 _LINEAR = eqx.nn.Linear(2, 2, key=jax.random.key(0))
 _DROPOUT = eqx.nn.Dropout(0.5)
-_STATICS = [3, -1, 0.5, True, "tag", None, jax.nn.relu, jnp.tanh, (2, 3)]
+
+
+class Nothing(NamedTuple):
+    """A node without leaves, as optax's `MaskedNode` (a node of the tree, in both)."""
+
+
+_STATICS = [3, -1, 0.5, True, "tag", None, jax.nn.relu, jnp.tanh, (2, 3), Nothing()]
 _counter = [0]
 
 
@@ -152,13 +158,21 @@ def array_leaves(tree: Any) -> list[tuple[str, Any]]:
 
 
 def same_leaves(ours: Any, twin: Any) -> None:
-    """Our leaves are arrays, and with their key paths they are the twin's arrays."""
+    """Our leaves are arrays, and with their key paths they are the twin's arrays;
+    the nodes without leaves are where the twin has them."""
     mine = jax.tree_util.tree_flatten_with_path(ours)[0]
     assert all(eqx.is_array(x) for _, x in mine), [type(x) for _, x in mine]
     expected = array_leaves(twin)
     assert [p for p, _ in array_leaves(ours)] == [p for p, _ in expected]
     for (path, a), (_, b) in zip(array_leaves(ours), expected):
         np.testing.assert_array_equal(a, b, err_msg=path)
+    assert nothing_paths(ours) == nothing_paths(twin)
+
+
+def nothing_paths(tree: Any) -> list[str]:
+    is_nothing = lambda x: type(x) is Nothing
+    flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_nothing)[0]
+    return [jax.tree_util.keystr(p) for p, x in flat if is_nothing(x)]
 
 
 def weighted_sum(tree: Any) -> jax.Array:

@@ -4,7 +4,7 @@ is made) is seen by eager code and by `jax.jit` alike."""
 
 import heapq
 from collections import defaultdict, OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -270,6 +270,83 @@ def test_namedtuple_field_is_a_node_not_watched():
     assert jax.tree_util.tree_leaves(m) == [m.w]
     assert type(m.optim) is type(optax.adam(1e-3))
     assert jax.jit(lambda m: m.w * 2)(m).tolist() == [2.0, 2.0]
+
+
+class _Nothing(NamedTuple):
+    pass
+
+
+class _EqxNothing(eqx.Module):
+    pass
+
+
+@pytest.mark.parametrize(
+    "empty", [_Nothing(), _EqxNothing(), jax.tree_util.Partial(len)]
+)
+def test_a_node_without_leaves_is_a_child_as_in_eqx_module(empty):
+    # optax puts a `MaskedNode()` (a NamedTuple without fields) where a masked
+    # parameter was: the tree must keep that node where the eqx.Module's has it.
+    def build(base):
+        class Dense(base):
+            w: Any
+            b: jax.Array
+
+        return Dense(empty, jnp.ones(2))
+
+    ours, twin = build(asx.AutoModule), build(eqx.Module)
+
+    def structure(tree):
+        return jax.tree_util.tree_structure(tree)
+
+    assert structure(ours).num_nodes == structure(twin).num_nodes
+    assert structure(ours.w) == structure(twin.w)
+    assert jax.tree_util.tree_leaves(ours) == [ours.b]
+
+
+def test_optax_masks_update_as_for_eqx_module():
+    # optax.masked maps each masked array to `MaskedNode()`, a node without leaves:
+    # in a field, in a layer, and in a dict beside a static value.
+    import optax
+
+    def run(base):
+        class Dense(base):
+            w: jax.Array
+            b: jax.Array
+
+        class Net(base):
+            dense: Any
+            linear: eqx.nn.Linear
+            block: dict
+
+        model = Net(
+            Dense(jnp.ones((2, 2)), jnp.zeros(2)),
+            eqx.nn.Linear(2, 2, key=jax.random.key(0)),
+            {"w": jnp.full((2, 2), 2.0), "b": jnp.ones(2), "act": "relu"},
+        )
+        # The twin's string is a leaf optax cannot update: its arrays alone.
+        params = model if base is asx.AutoModule else eqx.filter(model, eqx.is_array)
+        decay = optax.adamw(
+            1e-2, mask=lambda p: jax.tree_util.tree_map(lambda a: a.ndim > 1, p)
+        )
+        labels = jax.tree_util.tree_map(
+            lambda a: "sgd" if a.ndim > 1 else "adam", params
+        )
+        split = optax.multi_transform(
+            {"sgd": optax.sgd(0.1), "adam": optax.adam(0.1)}, labels
+        )
+        out = []
+        for tx in (decay, split):
+            state = tx.init(params)
+            step = jax.jit(
+                lambda m, s, tx=tx: eqx.apply_updates(m, tx.update(m, s, m)[0])
+            )
+            out.append(jax.tree_util.tree_leaves(step(params, state)))
+        return out
+
+    for ours, twin in zip(run(asx.AutoModule), run(eqx.Module)):
+        assert len(ours) == len(twin) == 6
+        for a, b in zip(ours, twin):
+            np.testing.assert_array_equal(a, b)
 
 
 def make_holder(base):

@@ -416,6 +416,90 @@ def test_eqx_tree_at_on_a_filter_spec_keeps_its_structure():
     assert results[0] == results[1] == [(2, 2), (2,)]
 
 
+class Head(asx.AutoModule):
+    enc: eqx.nn.Linear
+    head: eqx.nn.MLP
+
+
+class EqxHead(eqx.Module):
+    enc: eqx.nn.Linear
+    head: eqx.nn.MLP
+
+
+def _head(cls):
+    k1, k2 = jax.random.split(KEY)
+    return cls(eqx.nn.Linear(3, 4, key=k1), eqx.nn.MLP(4, 2, 4, 1, key=k2))
+
+
+def _trained_paths(model, spec):
+    trained, frozen = eqx.partition(model, spec)
+    grads = eqx.filter_grad(lambda t, f: eqx.combine(t, f).head(jnp.ones(4)).sum())(
+        trained, frozen
+    )
+    return [
+        jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(grads)
+    ]
+
+
+@pytest.mark.parametrize("label", ["sgd", eqx.is_inexact_array])
+@pytest.mark.parametrize(
+    "where", [lambda t: t.enc.weight, lambda t: t.head.layers[0].weight]
+)
+def test_eqx_tree_at_puts_any_label_into_a_layer_of_a_mapped_tree(label, where):
+    """optax.multi_transform's labels, and a filter spec holding a filter function:
+    a string or a function put where a held layer's array was (in a layer inside a
+    layer too) stays a leaf."""
+    found = []
+    for cls in (Head, EqxHead):
+        model = _head(cls)
+        tree = jax.tree_util.tree_map(lambda _: False, model)
+        tree = eqx.tree_at(where, tree, label)
+        assert jax.tree_util.tree_structure(tree) == jax.tree_util.tree_structure(
+            jax.tree_util.tree_map(lambda _: False, model)
+        )
+        found.append(
+            [
+                jax.tree_util.keystr(p)
+                for p, x in jax.tree_util.tree_leaves_with_path(tree)
+                if x is label
+            ]
+        )
+    assert found[0] == found[1] and len(found[0]) == 1
+
+
+def test_optax_labels_set_by_eqx_tree_at_in_a_layer_as_for_eqx_module():
+    import optax
+
+    updated = []
+    for cls in (Head, EqxHead):
+        model = _head(cls)
+        params = model if cls is Head else eqx.filter(model, eqx.is_array)
+        labels = jax.tree_util.tree_map(lambda _: "adam", params)
+        labels = eqx.tree_at(lambda t: t.enc.weight, labels, "sgd")
+        tx = optax.multi_transform(
+            {"sgd": optax.sgd(0.1), "adam": optax.adam(0.1)}, labels
+        )
+        update = tx.update(params, tx.init(params), params)[0]
+        updated.append(jax.tree_util.tree_leaves(eqx.apply_updates(params, update)))
+    for ours, twin in zip(*updated):
+        np.testing.assert_array_equal(ours, twin)
+
+
+def test_eqx_tree_at_puts_a_spec_mapped_from_a_standalone_layer_in_place():
+    """A spec's subtree made from the layer alone has Equinox's structure (an MLP's
+    activations are leaves there, static in the model): put in place of the
+    spec's layer, it takes that layer's structure."""
+    paths = []
+    for cls in (Head, EqxHead):
+        model = _head(cls)
+        spec = jax.tree_util.tree_map(lambda _: False, model)
+        subtree = jax.tree_util.tree_map(lambda _: True, model.head)
+        spec = eqx.tree_at(lambda t: t.head, spec, replace=subtree)
+        paths.append(_trained_paths(model, spec))
+    assert paths[0] == paths[1] and len(paths[0]) == 4
+    assert paths[0][0] == ".head.layers[0].weight"
+
+
 class _Inner(asx.AutoModule):
     linear: eqx.nn.Linear
 

@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 from ._leaves import (
     ARRAY,
     AS_IS,
+    BUILTIN_CONTAINERS,
     CARRIER,
     category,
     CONTAINER,
@@ -34,6 +35,7 @@ from ._leaves import (
     LAYER,
     NDARRAY,
     NODE,
+    NODES,
     NONE,
     NUMBER,
     SHAPE,
@@ -207,8 +209,8 @@ def whole(value: Any) -> Any:
 
 def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """`split` for any value JAX flattens as a node, through every level."""
-    leaves, treedef = jtu.tree_flatten(value, is_leaf=_stops_or_none)
-    dynamic = [x is None or is_dynamic(x, array_field) or stops(x) for x in leaves]
+    leaves, treedef = jtu.tree_flatten(value, is_leaf=_kept_whole)
+    dynamic = [_kept_whole(x) or is_dynamic(x, array_field) for x in leaves]
     if all(dynamic):
         if not any(category(x) in (LAYER, CARRIER) for x in leaves):
             return CHILD, value, None
@@ -224,11 +226,19 @@ def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     return MIXED, treedef.unflatten(parts), Holes((treedef, positions, types, *held))
 
 
-def _stops_or_none(x: Any) -> bool:
-    """`is_leaf` for a mixed value: each `None` in it is a child of its own (an
-    empty one, as in an `eqx.Module`), so that the value with its arrays mapped to
-    `None`s (`eqx.partition`'s static half) splits as the value did."""
-    return x is None or stops(x)
+def _kept_whole(x: Any) -> bool:
+    """`is_leaf` for a mixed value, and what of it is a child as it is: our nodes,
+    and each `None` or other node without leaves (optax's `MaskedNode()`, an empty
+    namedtuple; not a built-in container) is a child of its own, as in an
+    `eqx.Module`, so that the value with its arrays mapped to `None`s
+    (`eqx.partition`'s static half) or to `MaskedNode()`s (`optax.masked`) splits
+    as the value did."""
+    if x is None:
+        return True
+    kind = category(x)
+    if kind != CONTAINER:
+        return kind in NODES
+    return type(x) not in BUILTIN_CONTAINERS and not jtu.tree_leaves(x, is_leaf=stops)
 
 
 def _node_children(leaves: list[Any], node_child: NodeChild) -> list[Any]:

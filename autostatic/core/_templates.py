@@ -17,12 +17,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax.tree_util as jtu
 
 from ._carriers import layer_of
 from ._leaves import CARRIER, category, CONTAINER, NODES, REAL, real_types, stops
 from ._retrace import is_traced, note_held_numbers
-from ._split import STATIC
+from ._split import CHILD, MIXED, STATIC
 
 Aux = tuple
 
@@ -78,6 +79,20 @@ def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
     except TypeError:  # not weakly referenceable: flattened from its values
         return
     templates[key] = (ref, aux, tuple(children))
+
+
+def take_structure(layer: Any, aux: Aux) -> None:
+    """Makes `layer`, put in a tree mapped from a model in place of a layer whose
+    node's aux is `aux` (a subtree mapped from a standalone `eqx.nn` layer, whose
+    function fields Equinox makes leaves), a template of that structure: its values
+    where `aux` has children, the static values `aux` holds (the model's) elsewhere.
+    Left as it is where it holds an array, or `aux` has a mixed field."""
+    plan = aux[0]
+    if MIXED in plan.kinds or any(map(eqx.is_array, jtu.tree_leaves(layer))):
+        return
+    attrs = object.__getattribute__(layer, "__dict__")
+    kept = [name for name, kind in zip(plan.names, plan.kinds) if kind == CHILD]
+    remember_template(layer, aux, tuple(attrs[name] for name in kept))
 
 
 def flatten_template(

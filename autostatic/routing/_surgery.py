@@ -19,9 +19,11 @@ from typing import Any
 import jax.tree_util as jtu
 
 from .._compat import original_inference_mode, original_tree_at
-from ..core._carriers import layers_as_nodes
+from ..core._carriers import get_flat, layers_as_nodes
 from ..core._exposed import holds_modules, on_exposed
-from ..core._leaves import category, is_dynamic_leaf, REAL, stops
+from ..core._leaves import category, is_dynamic_leaf, LAYER, REAL, stops
+from ..core._node import to_carrier
+from ..core._templates import take_structure
 
 _sentinel: Any = object()
 
@@ -102,10 +104,44 @@ def routed_tree_at(
             return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if all(map(_all_real, made)) or not _is_model(pytree):
+    if not _is_model(pytree):
+        _keep_layer_structures(pytree, out)
+        return out
+    if all(map(_all_real, made)):
         return out
     # A non-array where a model holds arrays: decided afresh on the exposed form.
     return tree_at(where, pytree, replace, replace_fn, is_leaf)
+
+
+def _keep_layer_structures(tree: Any, out: Any) -> None:
+    """In a tree mapped from a model (a filter spec, optimiser labels), each
+    `eqx.nn` layer `eqx.tree_at` made anew keeps the structure of the layer at its
+    place before (`_templates.take_structure`): a label put in a layer's field, or
+    a subtree mapped from the standalone layer, still matches the model."""
+    with layers_as_nodes():
+        before, after = _layers_by_path(tree), _layers_by_path(out)
+    for path, new in after.items():
+        old = before.get(path)
+        if old is not None and new is not old and type(new) is type(old):
+            take_structure(new, get_flat(to_carrier(old))[1])
+
+
+def _layers_by_path(tree: Any) -> dict[Any, Any]:
+    """Every `eqx.nn` layer in `tree` (inside layers too), by key path; in surgery
+    mode, where each is a node of the tree."""
+    found: dict[Any, Any] = {}
+
+    def is_layer(x: Any) -> bool:
+        return x is not top and category(x) == LAYER
+
+    pending = [((), tree)]
+    while pending:
+        prefix, top = pending.pop()
+        for path, x in jtu.tree_flatten_with_path(top, is_leaf=is_layer)[0]:
+            if x is not top and category(x) == LAYER:
+                found[prefix + path] = x
+                pending.append((prefix + path, x))
+    return found
 
 
 def inference_mode(pytree: Any, value: bool = True) -> Any:
