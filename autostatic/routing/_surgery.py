@@ -13,6 +13,7 @@ speed where that is exact: every replacement is arrays only (an array, an array
 sub-module, None) and every target is a node of the tree.
 """
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,18 +131,19 @@ def _layers_by_path(tree: Any) -> dict[Any, Any]:
     """Every `eqx.nn` layer in `tree` (inside layers too), by key path; in surgery
     mode, where each is a node of the tree."""
     found: dict[Any, Any] = {}
-
-    def is_layer(x: Any) -> bool:
-        return x is not top and category(x) == LAYER
-
     pending = [((), tree)]
     while pending:
         prefix, top = pending.pop()
-        for path, x in jtu.tree_flatten_with_path(top, is_leaf=is_layer)[0]:
-            if x is not top and category(x) == LAYER:
+        inner = functools.partial(_is_inner_layer, top)
+        for path, x in jtu.tree_flatten_with_path(top, is_leaf=inner)[0]:
+            if inner(x):
                 found[prefix + path] = x
                 pending.append((prefix + path, x))
     return found
+
+
+def _is_inner_layer(top: Any, x: Any) -> bool:
+    return x is not top and category(x) == LAYER
 
 
 def inference_mode(pytree: Any, value: bool = True) -> Any:
