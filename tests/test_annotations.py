@@ -308,3 +308,29 @@ def test_a_python_bool_in_generic_loop_state_is_a_leaf_as_in_eqx_module(cls):
     out = jax.jit(f)(jnp.zeros(()))
     assert keystrs(out) == [".inner_state[0]", ".inner_state[1]"]
     assert bool(out.inner_state[1])
+
+
+@pytest.mark.parametrize("pool", [eqx.nn.MaxPool2d, eqx.nn.AvgPool2d])
+def test_a_number_in_a_held_layer_is_static_whatever_its_annotation(pool):
+    # `eqx.nn.Pool.init: int | float | Array` holds `-inf` or `0`: a constant, which
+    # plain `jax.grad` must not differentiate nor `jax.vmap` batch.
+    def build(base, key):
+        class Net(base):
+            conv: eqx.nn.Conv2d
+            pool: Any
+
+            def __call__(self, x):
+                return self.pool(self.conv(x)).sum()
+
+        return Net(eqx.nn.Conv2d(1, 2, 3, padding=1, key=key), pool(2, 2))
+
+    x = jnp.arange(16.0).reshape(1, 4, 4)
+    ours = build(asx.AutoModule, jax.random.key(0))
+    twin = build(eqx.Module, jax.random.key(0))
+    grads = jax.jit(jax.grad(lambda m: m(x)))(ours)
+    expected = eqx.filter_jit(eqx.filter_grad(lambda m: m(x)))(twin)
+    np.testing.assert_allclose(grads.conv.weight, expected.conv.weight, rtol=1e-6)
+    assert len(jax.tree_util.tree_leaves(grads)) == 2
+    keys = jax.random.split(jax.random.key(1), 3)
+    ensemble = jax.vmap(lambda k: build(asx.AutoModule, k))(keys)
+    assert jax.vmap(lambda m: m(x))(ensemble).shape == (3,)

@@ -600,3 +600,58 @@ def test_eqx_tree_at_keeps_the_structure_of_what_it_does_not_replace(where, repl
     new = eqx.tree_at(where, state, replace, is_leaf=lambda x: x is None)
     assert jax.tree_util.tree_structure(new.ys) == jax.tree_util.tree_structure(boxed)
     assert new.ys.params["act"] is jnp.tanh
+
+
+class VectorField(asx.AutoModule):
+    mlp: eqx.nn.MLP
+
+    def __call__(self, t, y, args):
+        return self.mlp(y)
+
+
+class EqxVectorField(eqx.Module):
+    mlp: eqx.nn.MLP
+
+    __call__ = VectorField.__call__
+
+
+def test_replace_fn_sees_a_held_layer_s_array_half_as_equinox_gives_it():
+    # diffrax's BacksolveAdjoint stops gradients through `eqx.tree_at(...,
+    # replace_fn=lax.stop_gradient)` of a state holding such a half: an MLP's
+    # activations are `None` there, as in Equinox's filter of the layer.
+    mlp = eqx.nn.MLP(2, 2, 4, 1, key=KEY)
+    for cls in (VectorField, EqxVectorField):
+        half = eqx.filter(cls(mlp), eqx.is_inexact_array)
+        seen = []
+        out = eqx.tree_at(
+            lambda h: h.mlp,
+            half,
+            replace_fn=lambda x, seen=seen: (
+                seen.append(x.activation) or jax.lax.stop_gradient(x)
+            ),
+        )
+        assert seen == [None]
+        assert len(jax.tree_util.tree_leaves(out)) == 4
+
+
+def test_backsolve_adjoint_through_a_held_mlp_as_for_eqx_module():
+    import diffrax
+
+    def loss(field, y0):
+        solution = diffrax.diffeqsolve(
+            diffrax.ODETerm(field),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            y0,
+            adjoint=diffrax.BacksolveAdjoint(),
+        )
+        return solution.ys[-1].sum()
+
+    mlp = eqx.nn.MLP(2, 2, 4, 1, key=KEY)
+    y0 = jnp.array([1.0, -0.5])
+    twin = eqx.filter_jit(eqx.filter_grad(loss))(EqxVectorField(mlp), y0)
+    ours = jax.jit(jax.grad(loss))(VectorField(mlp), y0)
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(twin)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)

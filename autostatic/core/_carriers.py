@@ -201,5 +201,17 @@ def layers_as_nodes() -> Iterator[None]:
         _surgery.active = before
 
 
+@contextlib.contextmanager
+def layers_as_carriers() -> Iterator[None]:
+    """Inside `layers_as_nodes`, flattens in this thread give carriers again, for a
+    user's function that Equinox's surgery calls (`tree_at`'s `replace_fn`)."""
+    before = getattr(_surgery, "active", False)
+    _surgery.active = False
+    try:
+        yield
+    finally:
+        _surgery.active = before
+
+
 def in_surgery() -> bool:
     return bool(surgeries[0]) and getattr(_surgery, "active", False)

@@ -10,6 +10,7 @@ from typing import Any, Final
 import jax.tree_util as jtu
 
 from ._annotations import array_fields, number_fields
+from ._carriers import is_carried_class
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding its `FieldSpec`
 
@@ -59,10 +60,17 @@ class FieldSpec:
     @property
     def array_fields(self) -> tuple[bool, ...]:
         """Per field, whether its annotation admits an array: resolved when the first
-        instance is decided, so that names defined after the class resolve."""
+        instance is decided, so that names defined after the class resolve. None of
+        a carried `eqx.nn` layer's: Equinox's layers hold their parameters as arrays,
+        and a number in one is a constant (a pool's `init`, `-inf`: a leaf, `jax.grad`
+        would differentiate it and `jax.vmap` batch it)."""
         found = self._array_fields
         if found is None:
-            found = self._array_fields = array_fields(self.owner, self.names)
+            if is_carried_class(self.owner):
+                found = (False,) * len(self.names)
+            else:
+                found = array_fields(self.owner, self.names)
+            self._array_fields = found
         return found
 
     @property

@@ -27,7 +27,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from .._compat import original_combine, original_filter
-from ..core._carriers import get_layer
+from ..core._carriers import get_flat, get_layer
 from ..core._exposed import (
     array_half,
     dynamic_half,
@@ -101,9 +101,27 @@ def _array_side(
         kind = category(c)
         if kind == ARRAY:  # most children: no tree to map
             return c if keep(c) else replace
+        if kind == CARRIER:
+            return _layer_array_side(c, keep, replace, is_leaf)
         return c if kind == NONE else _filter(c, keep, replace, is_leaf, _is_module)
 
     return tuple(map(child, children))
+
+
+def _layer_array_side(carrier: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
+    """A held layer's array side: the layer unflattened from its carrier's children
+    filtered, flattening as the carrier did, and holding what Equinox's filter gives
+    the layer: `replace` for each non-array leaf of a field not declared static (an
+    MLP's activations, which `lax.stop_gradient` of the layer cannot take)."""
+    children, aux = get_flat(carrier)
+    kept = _array_side(children, keep, replace, is_leaf)
+    half = jtu.tree_structure(carrier, is_leaf=lambda x: x is not carrier).unflatten(
+        kept
+    )
+    statics = static_leaves_of(half)
+    if not statics or any(map(keep, statics)):
+        return half
+    return array_half(half, aux, kept, replace)
 
 
 def _is_function(spec: Any) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 import jax.tree_util as jtu
 
 from .._compat import original_inference_mode, original_tree_at
-from ..core._carriers import get_flat, layers_as_nodes
+from ..core._carriers import get_flat, layers_as_carriers, layers_as_nodes
 from ..core._exposed import holds_modules, on_exposed
 from ..core._leaves import category, is_dynamic_leaf, LAYER, REAL, stops
 from ..core._node import to_carrier
@@ -92,7 +92,8 @@ def routed_tree_at(
     if replace_fn is not _sentinel:
 
         def noting_replace_fn(node: Any) -> Any:
-            made.append(replace_fn(node))
+            with layers_as_carriers():  # as the user's function sees any model
+                made.append(replace_fn(node))
             return made[-1]
 
         kwargs["replace_fn"] = noting_replace_fn
