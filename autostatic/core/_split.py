@@ -210,7 +210,7 @@ def whole(value: Any) -> Any:
 def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """`split` for any value JAX flattens as a node, through every level."""
     leaves, treedef = jtu.tree_flatten(value, is_leaf=_kept_whole)
-    dynamic = [_kept_whole(x) or is_dynamic(x, array_field) for x in leaves]
+    dynamic = [is_dynamic(x, array_field) or _kept_whole(x) for x in leaves]
     if all(dynamic):
         if not any(category(x) in (LAYER, CARRIER) for x in leaves):
             return CHILD, value, None
