@@ -87,9 +87,18 @@ _REBASE_CELL = """\
 import autostatic
 _autostatic_rebase = autostatic.rebase(["__main__"], drop_static_markers={drop})
 """
-# Some notebooks draw data from numpy's global generator unseeded; every mode, stock
-# included, starts from the same seed.
-_SEED_CELL = "import random, numpy\nrandom.seed(0)\nnumpy.random.seed(0)\n"
+# Some notebooks draw data from numpy's global generator unseeded, or shuffle with
+# torch's; every mode, stock included, starts from the same seeds.
+_SEED_CELL = """\
+import random, numpy
+random.seed(0)
+numpy.random.seed(0)
+try:
+    import torch
+    torch.manual_seed(0)
+except ImportError:
+    pass
+"""
 _FINGERPRINT_CELL = """\
 import equinox as _eqx, jax as _jax, numpy as _np
 for _name, _value in sorted(dict(globals()).items()):
@@ -106,8 +115,9 @@ for _name, _value in sorted(dict(globals()).items()):
 if "_autostatic_rebase" in globals():
     print(_autostatic_rebase.summary())
 """
-# A notebook's outputs that differ between runs of the same code: wall times.
-_VOLATILE = re.compile(r"\d+(\.\d+)?(e-?\d+)? ?(s|ms|seconds)\b")
+# A notebook's outputs that differ between runs of the same code: wall times, and
+# the addresses in reprs (`<function relu at 0x7f...>`).
+_VOLATILE = re.compile(r"\d+(\.\d+)?(e-?\d+)? ?(s|ms|seconds)\b|\b0x[0-9a-f]+\b")
 
 
 def extract(git_dir: str, into: Path) -> tuple[list[Path], list[str]]:
@@ -135,7 +145,7 @@ def extract(git_dir: str, into: Path) -> tuple[list[Path], list[str]]:
 
 def execute(path: Path, mode: str, timeout: int) -> dict[str, Any]:
     """Runs the notebook at `path` in `mode`: whether it ran, its printed output
-    (cell by cell, wall times masked) and the first error."""
+    (cell by cell, wall times and addresses masked) and the first error."""
     notebook = nbformat.read(path, as_version=4)
     if mode != "baseline":
         cell = _REBASE_CELL.format(drop=mode == "b2")
@@ -174,7 +184,7 @@ def _printed(notebook: nbformat.NotebookNode) -> list[str]:
     for cell in notebook.cells:
         for out in cell.get("outputs", []):
             text = out.get("text") or out.get("data", {}).get("text/plain", "")
-            lines += [_VOLATILE.sub("<time>", line) for line in text.splitlines()]
+            lines += [_VOLATILE.sub("<masked>", line) for line in text.splitlines()]
     return lines
 
 
@@ -222,7 +232,7 @@ def render(results: dict[str, Any]) -> str:
         f"autostatic {results['autostatic']}). b: the classes each notebook defines "
         "rebased onto AutoModule, static markers kept; b2: markers dropped. *same*: "
         "every printed line and the fingerprint of every array left in the namespace "
-        "equal stock's (wall times masked), or b's where stock fails.",
+        "equal stock's (wall times and addresses masked), or b's where stock fails.",
         "",
         "| notebook | classes rebased | stock | b | b2 |",
         "|---|---:|---|---|---|",

@@ -100,3 +100,17 @@ def test_mnist_s_test_set_stands_in_for_absent_training_images(tmp_path):
         }
     )
     assert f"- mnist: {said}" in shown
+
+
+def test_wall_times_and_addresses_are_masked():
+    from ecosystem.notebooks import _printed
+
+    notebook = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "stream", name="stdout", text="took 1.5 s\n<function relu at 0x7f3a2b>\n"
+        )
+    ]
+    notebook.cells = [cell]
+    assert _printed(notebook) == ["took <masked>", "<function relu at <masked>>"]
