@@ -47,7 +47,7 @@ _DROPOUT = eqx.nn.Dropout(0.5)
 
 
 class Nothing(NamedTuple):
-    """A node without leaves, as optax's `MaskedNode` (a node of the tree, in both)."""
+    """A namedtuple without fields, as optax's `MaskedNode`: a node of the tree."""
 
 
 _STATICS = [3, -1, 0.5, True, "tag", None, jax.nn.relu, jnp.tanh, (2, 3), Nothing()]

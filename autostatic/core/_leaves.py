@@ -98,11 +98,12 @@ def _category_of(cls: type, example: Any) -> int:
 
 
 def _is_jax_leaf(x: Any) -> bool:
-    """Whether JAX takes `x` for a leaf (its type is no registered node). A node
-    without children (optax's `MaskedNode()`, an empty namedtuple) is no leaf,
-    though `treedef_is_leaf` says it is."""
-    treedef = jtu.tree_structure(x, is_leaf=lambda y: y is not x)
-    return treedef.num_nodes == 1 and treedef.num_leaves == 1
+    """Whether JAX takes `x` for a leaf (its type is no registered node). A
+    namedtuple without fields (optax's `MaskedNode()`) is no leaf, though
+    `treedef_is_leaf` says it is."""
+    if isinstance(x, tuple) and not x:
+        return False
+    return jtu.treedef_is_leaf(jtu.tree_structure(x, is_leaf=lambda y: y is not x))
 
 
 # Per exact type met, its category: a C lookup on every flatten. Bounded: cleared

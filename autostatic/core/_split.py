@@ -25,7 +25,6 @@ import jax.tree_util as jtu
 from ._leaves import (
     ARRAY,
     AS_IS,
-    BUILTIN_CONTAINERS,
     CARRIER,
     category,
     CONTAINER,
@@ -39,7 +38,6 @@ from ._leaves import (
     NONE,
     NUMBER,
     SHAPE,
-    stops,
 )
 from ._static import hold, HOLDER_TYPES, natural
 
@@ -228,17 +226,17 @@ def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
 
 def _kept_whole(x: Any) -> bool:
     """`is_leaf` for a mixed value, and what of it is a child as it is: our nodes,
-    and each `None` or other node without leaves (optax's `MaskedNode()`, an empty
-    namedtuple; not a built-in container) is a child of its own, as in an
-    `eqx.Module`, so that the value with its arrays mapped to `None`s
-    (`eqx.partition`'s static half) or to `MaskedNode()`s (`optax.masked`) splits
-    as the value did."""
+    and each `None` or namedtuple without fields (optax's `MaskedNode()`) is a child
+    of its own, as in an `eqx.Module`, so that the value with its arrays mapped to
+    `None`s (`eqx.partition`'s static half) or to `MaskedNode()`s (`optax.masked`)
+    splits as the value did. (A node without leaves that holds static data, as
+    Equinox's `Static`, stays static.)"""
     if x is None:
         return True
     kind = category(x)
     if kind != CONTAINER:
         return kind in NODES
-    return type(x) not in BUILTIN_CONTAINERS and not jtu.tree_leaves(x, is_leaf=stops)
+    return type(x) is not tuple and isinstance(x, tuple) and not x
 
 
 def _node_children(leaves: list[Any], node_child: NodeChild) -> list[Any]:
