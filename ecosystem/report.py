@@ -139,13 +139,15 @@ def _runs(result: dict[str, Any]) -> str:
 
 def _sample_of(run: dict[str, Any]) -> str:
     """How a run chose its items, where it says: `, every K` (`from each file's item
-    R`, `, new items only`, `, stopped at its deadline`, `, modes M`)."""
+    R`, `, new items only`, `, failed items only`, `, stopped at its deadline`,
+    `, modes M`)."""
     if "every" not in run:
         return ""
     said = f", every {run['every']}"
     if run.get("start"):
         said += f" from each file's item {run['start']}"
     said += ", new items only" if run["new_only"] else ""
+    said += ", failed items only" if run.get("failed_only") else ""
     said += ", stopped at its deadline" if run.get("stopped") else ""
     modes = run.get("modes", ALL_MODES)
     return said + ("" if modes == ALL_MODES else f", modes {modes}")

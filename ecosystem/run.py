@@ -386,6 +386,12 @@ def _parser() -> argparse.ArgumentParser:
         "--chunk", type=int, help="at most this many items in one test process"
     )
     parser.add_argument(
+        "--failed-only",
+        action="store_true",
+        help="only the sampled items that --out's results hold as failed in one of "
+        "--modes: run again after a fix",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="only render report.md again from the results.json in --out",
@@ -405,6 +411,9 @@ def _run_library(
     if args.new_only:
         done = _items_run(args.out / "results.json", library, modes)
         chosen = [i for i in chosen if i not in done]
+    if args.failed_only:
+        failed = items_failed(args.out / "results.json", library, modes)
+        chosen = [i for i in chosen if i in failed]
     print(f"{library}: {len(chosen)} of {len(items)} items", flush=True)
     deadline = None if args.deadline is None else time.monotonic() + 60 * args.deadline
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -445,6 +454,7 @@ def _run_library(
                 "every": every,
                 "start": args.start,
                 "new_only": args.new_only,
+                **({"failed_only": True} if args.failed_only else {}),
                 "modes": args.modes,
                 "items": len(set().union(*(o.statuses for o in outcomes))),
                 **({"stopped": True} if stopped else {}),
@@ -488,6 +498,21 @@ def _items_run(path: Path, library: str, modes: list[str]) -> set[str]:
     return set.intersection(*(by_mode[mode] for mode in modes))
 
 
+def items_failed(path: Path, library: str, modes: list[str]) -> set[str]:
+    """The items of `library` that the results at `path` hold as failed in one of
+    `modes`."""
+    if not path.exists():
+        return set()
+    result = json.loads(path.read_text()).get(library) or {"outcomes": []}
+    return {
+        item
+        for o in result["outcomes"]
+        if o["mode"] in modes
+        for item, status in o.get("statuses", {}).items()
+        if status == "failed"
+    }
+
+
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """One library's results of an earlier run and of a new one (another part,
     another sample, or the same items again): each item's latest outcome per mode,
@@ -508,6 +533,7 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         run.get("start", 0) != 0
         or run.get("part", "all") != "all"
         or run.get("stopped", False)
+        or run.get("failed_only", False)
     )
     every = old.get("every", new["every"])
     return {

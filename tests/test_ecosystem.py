@@ -230,3 +230,11 @@ def test_a_run_stops_at_its_deadline_and_leaves_the_rest_for_later(
 
     said = _sample_of(stopped["runs"][0])
     assert said.endswith("new items only, stopped at its deadline")
+    # After a fix, the failed items alone run again; no denser sample either.
+    failed = result(1, {"b": {items[0]: "failed", items[1]: "passed"},
+                        "b2": {items[2]: "failed"}}, failed_only=True)  # fmt: skip
+    path.write_text(json.dumps({"lineax": failed}))
+    assert R.items_failed(path, "lineax", ["b"]) == {items[0]}
+    assert R.items_failed(path, "lineax", ["b", "b2"]) == {items[0], items[2]}
+    assert R.merge(sparse, failed)["every"] == 4
+    assert "failed items only" in _sample_of(failed["runs"][0])
