@@ -296,21 +296,26 @@ def _pytest(
     root: Path, args: list[str], items: list[str], junit: Path, timeout: int
 ) -> subprocess.CompletedProcess:
     junit.unlink(missing_ok=True)
-    return subprocess.run(
-        [
-            sys.executable,
-            *("-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"),
-            *args,
-            *items,
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        # Equinox's test-key fixture draws a new seed per run unless told one: the
-        # same seed in every mode makes their random matrices the same.
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "EQX_GETKEY_SEED": "0"},
-    )
+    command = [
+        sys.executable,
+        *("-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"),
+        *args,
+        *items,
+    ]
+    try:
+        return subprocess.run(
+            command,
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            # Equinox's test-key fixture draws a new seed per run unless told one:
+            # the same seed in every mode makes their random matrices the same.
+            env={**os.environ, "JAX_PLATFORMS": "cpu", "EQX_GETKEY_SEED": "0"},
+        )
+    except subprocess.TimeoutExpired:  # killed: its items are crashes
+        said = f"killed after the --timeout of {timeout} s"
+        return subprocess.CompletedProcess(command, -9, "", said)
 
 
 _ERROR_LINE = re.compile(r"^E?\s*((\w+\.)*\w+(Error|Exception|Warning)\b.*)$")

@@ -238,3 +238,22 @@ def test_a_run_stops_at_its_deadline_and_leaves_the_rest_for_later(
     assert R.items_failed(path, "lineax", ["b", "b2"]) == {items[0], items[2]}
     assert R.merge(sparse, failed)["every"] == 4
     assert "failed items only" in _sample_of(failed["runs"][0])
+
+
+def test_a_test_process_past_its_timeout_makes_its_items_crashes(
+    monkeypatch, tmp_path
+) -> None:
+    import subprocess
+
+    from ecosystem import run as R
+
+    def too_long(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"])
+
+    monkeypatch.setattr(R.subprocess, "run", too_long)
+    items = ["t/a.py::slow", "t/a.py::other"]
+    outcome = R.Outcome("b", len(items))
+    R._run_file(tmp_path, "lineax", "b", items, 7, outcome)
+    assert outcome.statuses == dict.fromkeys(items, "failed")
+    cause, why = outcome.failures[items[0]]
+    assert cause == "crash" and "killed after the --timeout of 7 s" in why
