@@ -46,7 +46,8 @@ CANNOT_RUN = {
     "bert": "reads `bert_checkpoint.eqx` (kept in Git LFS, absent here) and downloads "
     "a tokenizer and a dataset with `transformers` and `datasets`; reading that "
     "checkpoint, written with static markers, into the ported classes is tested in "
-    "`tests/test_eqx_format.py`",
+    "`tests/test_eqx_format.py`, and the notebook's own classes by `python -m "
+    "ecosystem.bert`",
     "deep_convolutional_gan": _DOWNLOADS,
     "vision_transformer": _DOWNLOADS,
     "score_based_diffusion": "reads MNIST's training images (absent here) or "
