@@ -189,24 +189,28 @@ _surgeries_lock = threading.Lock()
 def layers_as_nodes() -> Iterator[None]:
     """While active (in this thread), flattens give each `eqx.nn` layer as the node
     it is, Equinox's, not its carrier."""
-    before = getattr(_surgery, "active", False)
-    _surgery.active = True
     with _surgeries_lock:
         surgeries[0] += 1
     try:
-        yield
+        with _this_thread_in_surgery(True):
+            yield
     finally:
         with _surgeries_lock:
             surgeries[0] -= 1
-        _surgery.active = before
 
 
 @contextlib.contextmanager
 def layers_as_carriers() -> Iterator[None]:
     """Inside `layers_as_nodes`, flattens in this thread give carriers again, for a
     user's function that Equinox's surgery calls (`tree_at`'s `replace_fn`)."""
+    with _this_thread_in_surgery(False):
+        yield
+
+
+@contextlib.contextmanager
+def _this_thread_in_surgery(active: bool) -> Iterator[None]:
     before = getattr(_surgery, "active", False)
-    _surgery.active = False
+    _surgery.active = active
     try:
         yield
     finally:

@@ -99,11 +99,17 @@ def _category_of(cls: type, example: Any) -> int:
 
 def _is_jax_leaf(x: Any) -> bool:
     """Whether JAX takes `x` for a leaf (its type is no registered node). A
-    namedtuple without fields (optax's `MaskedNode()`) is no leaf, though
-    `treedef_is_leaf` says it is."""
-    if isinstance(x, tuple) and not x:
+    namedtuple without fields is no leaf, though `treedef_is_leaf` says it is."""
+    if is_fieldless_namedtuple(x):
         return False
     return jtu.treedef_is_leaf(jtu.tree_structure(x, is_leaf=lambda y: y is not x))
+
+
+def is_fieldless_namedtuple(x: Any) -> bool:
+    """A namedtuple without fields (optax's `MaskedNode()`, where `optax.masked`
+    leaves a parameter out): a node of the tree without leaves, as in an
+    `eqx.Module`."""
+    return isinstance(x, tuple) and not x and type(x) is not tuple
 
 
 # Per exact type met, its category: a C lookup on every flatten. Bounded: cleared

@@ -29,6 +29,7 @@ from ._leaves import (
     category,
     CONTAINER,
     is_dynamic,
+    is_fieldless_namedtuple,
     item_categories,
     jax_holds,
     LAYER,
@@ -236,7 +237,7 @@ def _kept_whole(x: Any) -> bool:
     kind = category(x)
     if kind != CONTAINER:
         return kind in NODES
-    return type(x) is not tuple and isinstance(x, tuple) and not x
+    return is_fieldless_namedtuple(x)
 
 
 def _node_children(leaves: list[Any], node_child: NodeChild) -> list[Any]:

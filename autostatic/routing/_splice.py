@@ -78,12 +78,7 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
     if not any(map(keep, statics)):
         # The array side: the node in its own form, its children filtered.
         children = flatten(fields_of(type(module)), module)[0]
-        node = jtu.tree_structure(module, is_leaf=lambda x: x is not module)
-        kept = _array_side(children, keep, replace, is_leaf)
-        half = node.unflatten(kept)
-        if not statics:
-            return half
-        return array_half(half, node.node_data()[1], kept, replace)
+        return _array_side_node(module, children, statics, keep, replace, is_leaf)
     attrs = object.__getattribute__(module, "__dict__")
     return exposed_module(
         type(module), {n: _filter(v, keep, replace, is_leaf) for n, v in attrs.items()}
@@ -108,20 +103,35 @@ def _array_side(
     return tuple(map(child, children))
 
 
-def _layer_array_side(carrier: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
-    """A held layer's array side: the layer unflattened from its carrier's children
-    filtered, flattening as the carrier did, and holding what Equinox's filter gives
-    the layer: `replace` for each non-array leaf of a field not declared static (an
-    MLP's activations, which `lax.stop_gradient` of the layer cannot take)."""
-    children, aux = get_flat(carrier)
+def _array_side_node(
+    node: Any,
+    children: tuple[Any, ...],
+    statics: list[Any],
+    keep: Keep,
+    replace: Any,
+    is_leaf: Any,
+) -> Any:
+    """`node` (a module or a carrier) unflattened from its `children` filtered,
+    flattening as it did; holding `replace` for its `statics` where it has any, as
+    Equinox's filter gives an `eqx.Module`."""
+    structure = jtu.tree_structure(node, is_leaf=lambda x: x is not node)
     kept = _array_side(children, keep, replace, is_leaf)
-    half = jtu.tree_structure(carrier, is_leaf=lambda x: x is not carrier).unflatten(
-        kept
-    )
-    statics = static_leaves_of(half)
-    if not statics or any(map(keep, statics)):
+    half = structure.unflatten(kept)
+    if not statics:
         return half
-    return array_half(half, aux, kept, replace)
+    return array_half(half, structure.node_data()[1], kept, replace)
+
+
+def _layer_array_side(carrier: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
+    """A held layer's array side: as Equinox's filter gives the layer, `replace` for
+    each non-array leaf of a field not declared static (an MLP's activations, which
+    `lax.stop_gradient` of the layer cannot take), unless the filter keeps one."""
+    statics = static_leaves_of(get_layer(carrier))
+    if any(map(keep, statics)):
+        statics = []
+    return _array_side_node(
+        carrier, get_flat(carrier)[0], statics, keep, replace, is_leaf
+    )
 
 
 def _is_function(spec: Any) -> bool:
