@@ -585,6 +585,78 @@ def test_static_leaves_survive_make_with_state_rewriting_a_module_inside():
     assert again.layers[1] is jax.nn.gelu and again.layers[2].activation is jax.nn.relu
 
 
+class _CounterBlock(eqx.Module):
+    """A user's stateful layer written as Equinox documents: a bare StateIndex."""
+
+    index: eqx.nn.StateIndex
+
+    def __init__(self):
+        self.index = eqx.nn.StateIndex(jnp.zeros(3))
+
+
+def _counter_items():
+    return [eqx.nn.StateIndex(jnp.zeros(3)), "relu", 3]
+
+
+def _counter_block_items():
+    return [_CounterBlock(), jax.nn.relu, 3]
+
+
+@pytest.mark.parametrize("items", [_counter_items, _counter_block_items])
+def test_static_items_beside_a_state_index_survive_make_with_state(items):
+    """make_with_state gives each StateIndex a new marker (a static field of a node
+    the list holds), then unflattens: the static items beside it stay."""
+
+    def run(m, x, state):
+        index = (
+            m.items[0] if type(m.items[0]) is eqx.nn.StateIndex else m.items[0].index
+        )
+        count = state.get(index)
+        return x * m.items[2] + count, state.set(index, count + 1)
+
+    def make(base):
+        class Net(base):
+            items: list
+
+            def __init__(self):
+                self.items = items()
+
+        return eqx.nn.make_with_state(Net)()
+
+    model, state = make(asx.AutoModule)
+    ref, ref_state = make(eqx.Module)
+    assert model.items[1:] == ref.items[1:]
+    out, state = jax.jit(run)(model, jnp.ones(3), state)
+    expected, ref_state = eqx.filter_jit(run)(ref, jnp.ones(3), ref_state)
+    np.testing.assert_array_equal(out, expected)
+    assert _paths(model) == _paths(ref)
+
+
+def _paths(tree):
+    """The key paths of the array leaves."""
+    pairs = jax.tree_util.tree_leaves_with_path(tree)
+    return [jax.tree_util.keystr(k) for k, x in pairs if eqx.is_array(x)]
+
+
+@pytest.mark.parametrize("put", [0, "s", None], ids=["zero", "string", "none"])
+def test_a_node_mapped_to_a_leaf_keeps_the_static_items_beside_it(put):
+    """An `is_leaf` tree_map stopping at a user's eqx.Module in a list (an in_axes
+    prefix): the static items beside it still read back, as in the eqx.Module."""
+
+    def mapped(base):
+        class Net(base):
+            items: list
+
+        model = Net(_counter_block_items())
+        return jax.tree_util.tree_map(
+            lambda x: put if isinstance(x, _CounterBlock) else x,
+            model,
+            is_leaf=lambda x: isinstance(x, _CounterBlock),
+        )
+
+    assert mapped(asx.AutoModule).items == mapped(eqx.Module).items
+
+
 @pytest.mark.parametrize(
     "wrap",
     [lambda z: z, lambda z: (z,), lambda z: [1, z], lambda z: {"z": z}],

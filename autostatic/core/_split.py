@@ -25,6 +25,7 @@ import jax.tree_util as jtu
 from ._leaves import (
     ARRAY,
     AS_IS,
+    BUILTIN_CONTAINERS,
     CARRIER,
     category,
     CONTAINER,
@@ -105,10 +106,40 @@ class Holes(tuple):
         try:
             parts = treedef.flatten_up_to(child)
         except (ValueError, TypeError):
-            return child  # an `is_leaf` tree_map changed its structure
+            # An `is_leaf` tree_map gave a node other static data (as
+            # `eqx.nn.make_with_state` names each `StateIndex` anew) or put a leaf
+            # for one: the static leaves go where the child still has their places.
+            held = {i: natural(x) for i, x in zip(positions, self[3:])}
+            return _fill_places(treedef, child, held, 0)
         for i, leaf in zip(positions, self[3:]):
             parts[i] = natural(leaf)
         return treedef.unflatten(parts)
+
+
+def _fill_places(treedef: Any, value: Any, held: dict[int, Any], start: int) -> Any:
+    """`value` with the static leaves `held` (by leaf index, from `start`, in
+    `treedef`) put back where `value` is shaped as `treedef` down to them; each part
+    holding none of them, and each place whose shape changed, as it is."""
+    end = start + treedef.num_leaves
+    if not any(start <= i < end for i in held):
+        return value
+    node = treedef.node_data()
+    if node is None:  # a leaf's place
+        return held[start]
+    parts, shape = jtu.tree_flatten(value, is_leaf=lambda x: x is not value)
+    here, subtrees = shape.node_data(), treedef.children()
+    if (
+        here is None
+        or here[0] is not node[0]
+        or (node[0] in BUILTIN_CONTAINERS and here[1] != node[1])
+        or len(parts) != len(subtrees)
+    ):
+        return value
+    filled = []
+    for part, subtree in zip(parts, subtrees):
+        filled.append(_fill_places(subtree, part, held, start))
+        start += subtree.num_leaves
+    return shape.unflatten(filled)
 
 
 RECORDS: Final = frozenset({StaticSeq, StaticTree, FlatHoles, Holes})
