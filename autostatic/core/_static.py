@@ -3,9 +3,10 @@
 A static leaf goes into the aux as it is (`hold`), unless `==` alone would not compare
 it as the jit cache must: a float or complex zero or NaN is held bit for bit
 (`ExactFloat`), a jaxpr as a program (`SameProgram`), a dtype as the dtype it names
-(`SameDtype`), a leaf whose `==` runs in Python
-behind a comparison that explains a failure (`Compared`), a set as a frozen copy
-(`SetValue`). `natural` gives the value back.
+(`SameDtype`), a `functools.partial` of plain arguments as the call it makes
+(`SamePartial`), a leaf whose `==` runs in Python behind a comparison that explains a
+failure (`Compared`), a set as a frozen copy (`SetValue`). `natural` gives the value
+back.
 """
 
 import dataclasses
@@ -16,8 +17,11 @@ import types
 from collections.abc import Iterable
 from typing import Any, Final
 
+import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
+from jax.core import Tracer
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.linear_util import WrappedFun
 
@@ -116,6 +120,38 @@ class SameDtype:
 
     def __repr__(self) -> str:
         return f"SameDtype({self.value!r})"
+
+
+class SamePartial:
+    """A static `functools.partial` (an activation `partial(jax.nn.leaky_relu,
+    negative_slope=0.1)`) whose arguments hold no array: equal to another of the same
+    function with arguments equal by the static-value rule (types kept: `1` is not
+    `1.0`), as they make the same calls. A partial's own `==` is identity, so two
+    models built alike would otherwise have unequal treedefs, where an `eqx.Module`
+    holds the partial as a leaf."""
+
+    __slots__ = ("value", "_key")
+
+    def __init__(self, value: functools.partial):
+        self.value = value
+        leaves, treedef = jtu.tree_flatten((value.args, value.keywords))
+        held = tuple(map(hold, leaves))
+        self._key = (hold(value.func), treedef, tuple(map(type, held)), held)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is SamePartial and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key[1])
+
+    def __repr__(self) -> str:
+        return f"SamePartial({self.value!r})"
+
+
+def _plain_partial(value: Any) -> bool:
+    """A `functools.partial` whose arguments hold no array (compared elementwise)."""
+    leaves = jtu.tree_leaves((value.args, value.keywords))
+    return not any(isinstance(x, (np.ndarray, jax.Array, Tracer)) for x in leaves)
 
 
 def is_dtype(value: Any) -> bool:
@@ -285,8 +321,8 @@ def _compares_in_python(value: Any) -> bool:
 
 def hold(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, an exact form
-    (`ExactFloat`, `SameProgram`), a `SameDtype`, a frozen copy of a set, or a `Compared` for a leaf
-    compared in Python."""
+    (`ExactFloat`, `SameProgram`), a `SameDtype`, a `SamePartial`, a frozen copy of a
+    set, or a `Compared` for a leaf compared in Python."""
     if type(leaf) is set or type(leaf) is frozenset:
         return SetValue(leaf, type(leaf))
     exact = _exact_form(leaf)
@@ -294,6 +330,8 @@ def hold(leaf: Any) -> Any:
         return exact
     if is_dtype(leaf):
         return SameDtype(leaf)
+    if type(leaf) is functools.partial and _plain_partial(leaf):
+        return SamePartial(leaf)
     if _compares_in_python(leaf):
         return Compared(leaf)
     return leaf
@@ -301,7 +339,7 @@ def hold(leaf: Any) -> Any:
 
 # The types of static leaves that hold a value other than themselves.
 HOLDER_TYPES: Final = frozenset(
-    {SetValue, Compared, SameProgram, ExactFloat, SameDtype}
+    {SetValue, Compared, SameProgram, ExactFloat, SameDtype, SamePartial}
 )
 
 
@@ -315,6 +353,7 @@ def natural(leaf: Any) -> Any:
         or kind is SameProgram
         or kind is ExactFloat
         or kind is SameDtype
+        or kind is SamePartial
     ):
         return leaf.value
     return leaf
