@@ -655,3 +655,40 @@ def test_backsolve_adjoint_through_a_held_mlp_as_for_eqx_module():
     ours = jax.jit(jax.grad(loss))(VectorField(mlp), y0)
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(twin)):
         np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def _body_and_head(base):
+    class BodyHead(base):
+        body: eqx.nn.Linear
+        head: eqx.nn.Linear
+
+        def __init__(self):
+            self.body = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+            self.head = eqx.nn.Linear(2, 2, key=jax.random.key(1))
+
+        def __call__(self, x):
+            return self.head(self.body(x))
+
+    return BodyHead()
+
+
+def test_a_layer_put_where_a_spec_held_a_leaf_splits_by_its_markers():
+    """Freeze all but the head, with the spec made at layer granularity and the
+    head's slot given the standalone head mapped to True: as for eqx.Module."""
+
+    def head_grads(model):
+        is_linear = lambda x: isinstance(x, eqx.nn.Linear)
+        spec = jax.tree_util.tree_map(lambda _: False, model, is_leaf=is_linear)
+        head = jax.tree_util.tree_map(lambda _: True, model.head)
+        spec = eqx.tree_at(lambda s: s.head, spec, head)
+        params, static = eqx.partition(model, spec)
+        loss = lambda p, s: eqx.combine(p, s)(jnp.ones(2)).sum()
+        return eqx.filter_grad(loss)(params, static)
+
+    ours, twin = (
+        head_grads(_body_and_head(asx.AutoModule)),
+        head_grads(_body_and_head(eqx.Module)),
+    )
+    assert keystrs(ours) == keystrs(twin) == [".head.weight", ".head.bias"]
+    for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(twin)):
+        np.testing.assert_allclose(a, b)

@@ -21,9 +21,11 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._carriers import layer_of
+from ._fields import fields_of
 from ._leaves import CARRIER, category, CONTAINER, NODES, REAL, real_types, stops
+from ._plan import entry_types, plan_for
 from ._retrace import is_traced, note_held_numbers
-from ._split import CHILD, MIXED, STATIC
+from ._split import CHILD, MIXED, STATIC, whole
 
 Aux = tuple
 
@@ -93,6 +95,24 @@ def take_structure(layer: Any, aux: Aux) -> None:
     attrs = object.__getattribute__(layer, "__dict__")
     kept = [name for name, kind in zip(plan.names, plan.kinds) if kind == CHILD]
     remember_template(layer, aux, tuple(attrs[name] for name in kept))
+
+
+def take_markers(layer: Any) -> None:
+    """Makes `layer`, put in a tree mapped from a model where the tree held no layer
+    (a filter spec's `False` for a whole layer, replaced by the standalone layer
+    mapped to `True`s), a template of the structure its class's static markers give,
+    as in an `eqx.Module`: a real layer's, where every unmarked field holds arrays.
+    Left as it is where it holds an array."""
+    if any(map(eqx.is_array, jtu.tree_leaves(layer))):
+        return
+    spec = fields_of(type(layer))
+    attrs = object.__getattribute__(layer, "__dict__")
+    kinds = tuple(STATIC if marked else CHILD for marked in spec.declared_static)
+    fields = list(zip(spec.names, spec.declared_static))
+    entries = [whole(attrs[name]) for name, marked in fields if marked]
+    plan = plan_for(spec, kinds, entry_types(kinds, entries), False)
+    children = tuple(attrs[name] for name, marked in fields if not marked)
+    remember_template(layer, (plan, *entries), children)
 
 
 def flatten_template(

@@ -24,7 +24,7 @@ from ..core._carriers import get_flat, layers_as_carriers, layers_as_nodes
 from ..core._exposed import holds_modules, on_exposed
 from ..core._leaves import category, is_dynamic_leaf, LAYER, REAL, stops
 from ..core._node import to_carrier
-from ..core._templates import take_structure
+from ..core._templates import take_markers, take_structure
 
 _sentinel: Any = object()
 
@@ -119,12 +119,16 @@ def _keep_layer_structures(tree: Any, out: Any) -> None:
     """In a tree mapped from a model (a filter spec, optimiser labels), each
     `eqx.nn` layer `eqx.tree_at` made anew keeps the structure of the layer at its
     place before (`_templates.take_structure`): a label put in a layer's field, or
-    a subtree mapped from the standalone layer, still matches the model."""
+    a subtree mapped from the standalone layer, still matches the model. One put
+    where the tree held no layer takes its class's static markers
+    (`_templates.take_markers`)."""
     with layers_as_nodes():
         before, after = _layers_by_path(tree), _layers_by_path(out)
     for path, new in after.items():
         old = before.get(path)
-        if old is not None and new is not old and type(new) is type(old):
+        if old is None:
+            take_markers(new)
+        elif new is not old and type(new) is type(old):
             take_structure(new, get_flat(to_carrier(old))[1])
 
 
