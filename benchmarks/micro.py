@@ -271,11 +271,14 @@ def working_set(rounds: int = 15) -> None:
             cells[f"{impl} {op} 16 x 256"] = functools.partial(
                 lambda call, ms: [call(m) for m in ms], call, parts
             )
+        _add_dispatch_parts(cells, impl, {"256": one, "4096": deep})
     samples = run_interleaved(cells, rounds)
     layers = {"256": 256, "4096": 4096, "16 x 256": 4096}
     print("working set: per layer, µs, median (IQR); autostatic / eqx-static")
-    for op in ("flatten", "dispatch"):
+    for op in ("flatten", "dispatch", "leaves", "flatten, leaves"):
         for size, n in layers.items():
+            if f"autostatic {op} {size}" not in samples:
+                continue
             per_layer = {
                 impl: scaled_summary(samples[f"{impl} {op} {size}"], 1e6 / n)
                 for impl in ("autostatic", "eqx-static")
@@ -291,6 +294,22 @@ def working_set(rounds: int = 15) -> None:
                 )
                 + f"; {ratio['median']:.3f}x (IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})"
             )
+
+
+def _add_dispatch_parts(
+    cells: dict[str, Callable[[], Any]], impl: str, models: dict[str, Any]
+) -> None:
+    """`working_set`'s parts of a dispatch: the model's leaves alone given to a
+    `jax.jit` (JAX's work per leaf), and the model flattened, then its leaves given
+    (the two in turn, as a dispatch does them, touching both memories)."""
+    probe = jax.jit(lambda leaves: leaves[0] + 1)
+    for size, model in models.items():
+        leaves = jax.tree_util.tree_leaves(model)
+        probe(leaves).block_until_ready()
+        cells[f"{impl} leaves {size}"] = functools.partial(probe, leaves)
+        cells[f"{impl} flatten, leaves {size}"] = functools.partial(
+            lambda m: probe(jax.tree_util.tree_leaves(m)), model
+        )
 
 
 def dispatch_floor(rounds: int = 15) -> None:
