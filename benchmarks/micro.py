@@ -15,7 +15,8 @@
 - the flatten and `jax.jit` dispatch of the user's own layers per layer: 256 layers,
   4,096 layers, and 16 models of 256 layers taken in turn (as much memory as 4,096
   layers, in models of 256), to tell the cost of the memory touched from the cost
-  of the model's size;
+  of the model's size, and a dispatch's parts: the leaves alone given to a
+  `jax.jit`, and the flatten followed by that;
 - the same flatten and dispatch at 256 and 4,096 layers with the layer's flatten
   swapped for one that reads the two fields and checks nothing (the floor of any
   flatten of an AutoModule layer written in Python), against the fair twin;
