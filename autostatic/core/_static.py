@@ -3,8 +3,7 @@
 A static leaf goes into the aux as it is (`hold`), unless `==` alone would not compare
 it as the jit cache must: a float or complex zero or NaN is held bit for bit
 (`ExactFloat`), a jaxpr as a program (`SameProgram`), a dtype as the dtype it names
-(`SameDtype`), a `functools.partial` of plain arguments as the call it makes
-(`SamePartial`), a leaf whose `==` runs in Python behind a comparison that explains a
+(`SameDtype`), a `functools.partial` as the call it makes (`SamePartial`), a leaf whose `==` runs in Python behind a comparison that explains a
 failure (`Compared`), a set as a frozen copy (`SetValue`). `natural` gives the value
 back.
 """
@@ -124,34 +123,40 @@ class SameDtype:
 
 class SamePartial:
     """A static `functools.partial` (an activation `partial(jax.nn.leaky_relu,
-    negative_slope=0.1)`) whose arguments hold no array: equal to another of the same
-    function with arguments equal by the static-value rule (types kept: `1` is not
-    `1.0`), as they make the same calls. A partial's own `==` is identity, so two
-    models built alike would otherwise have unequal treedefs, where an `eqx.Module`
-    holds the partial as a leaf."""
+    negative_slope=0.1)`): equal to the same partial, and to another of the same
+    function whose arguments hold no array and are equal by the static-value rule
+    (types kept: `1` is not `1.0`), as they make the same calls. A partial's own `==`
+    is identity, so two models built alike would otherwise have unequal treedefs,
+    where an `eqx.Module` holds the partial as a leaf. The arguments are looked at
+    only where two partials meet: a flatten makes a `SamePartial` and nothing else."""
 
-    __slots__ = ("value", "_key")
+    __slots__ = ("value",)
 
     def __init__(self, value: functools.partial):
         self.value = value
-        leaves, treedef = jtu.tree_flatten((value.args, value.keywords))
-        held = tuple(map(hold, leaves))
-        self._key = (hold(value.func), treedef, tuple(map(type, held)), held)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is SamePartial and self._key == other._key
+        if type(other) is not SamePartial:
+            return False
+        return self.value is other.value or _call_of(self.value) == _call_of(
+            other.value
+        )
 
     def __hash__(self) -> int:
-        return hash(self._key[1])
+        return hash(type(self.value.func))
 
     def __repr__(self) -> str:
         return f"SamePartial({self.value!r})"
 
 
-def _plain_partial(value: Any) -> bool:
-    """A `functools.partial` whose arguments hold no array (compared elementwise)."""
-    leaves = jtu.tree_leaves((value.args, value.keywords))
-    return not any(isinstance(x, (np.ndarray, jax.Array, Tracer)) for x in leaves)
+def _call_of(value: functools.partial) -> tuple[Any, ...]:
+    """The call a partial makes, held as static leaves are; the partial itself where
+    an argument holds an array (compared elementwise)."""
+    leaves, treedef = jtu.tree_flatten((value.args, value.keywords))
+    if any(isinstance(x, (np.ndarray, jax.Array, Tracer)) for x in leaves):
+        return (value,)
+    held = tuple(map(hold, leaves))
+    return (hold(value.func), treedef, tuple(map(type, held)), held)
 
 
 def is_dtype(value: Any) -> bool:
@@ -330,7 +335,7 @@ def hold(leaf: Any) -> Any:
         return exact
     if is_dtype(leaf):
         return SameDtype(leaf)
-    if type(leaf) is functools.partial and _plain_partial(leaf):
+    if type(leaf) is functools.partial:
         return SamePartial(leaf)
     if _compares_in_python(leaf):
         return Compared(leaf)
