@@ -3,9 +3,9 @@
 A static leaf goes into the aux as it is (`hold`), unless `==` alone would not compare
 it as the jit cache must: a float or complex zero or NaN is held bit for bit
 (`ExactFloat`), a jaxpr as a program (`SameProgram`), a dtype as the dtype it names
-(`SameDtype`), a `functools.partial` as the call it makes (`SamePartial`), a leaf whose `==` runs in Python behind a comparison that explains a
-failure (`Compared`), a set as a frozen copy (`SetValue`). `natural` gives the value
-back.
+(`SameDtype`), a `functools.partial` as the call it makes (`SamePartial`), a leaf
+whose `==` runs in Python behind a comparison that explains a failure (`Compared`), a
+set as a frozen copy (`SetValue`). `natural` gives the value back.
 """
 
 import dataclasses
@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from jax.core import Tracer
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.linear_util import WrappedFun
 
@@ -153,7 +152,7 @@ def _call_of(value: functools.partial) -> tuple[Any, ...]:
     """The call a partial makes, held as static leaves are; the partial itself where
     an argument holds an array (compared elementwise)."""
     leaves, treedef = jtu.tree_flatten((value.args, value.keywords))
-    if any(isinstance(x, (np.ndarray, jax.Array, Tracer)) for x in leaves):
+    if any(isinstance(x, (np.ndarray, jax.Array)) for x in leaves):  # tracers too
         return (value,)
     held = tuple(map(hold, leaves))
     return (hold(value.func), treedef, tuple(map(type, held)), held)

@@ -89,12 +89,9 @@ def take_structure(layer: Any, aux: Aux) -> None:
     function fields Equinox makes leaves), a template of that structure: its values
     where `aux` has children, the static values `aux` holds (the model's) elsewhere.
     Left as it is where it holds an array, or `aux` has a mixed field."""
-    plan = aux[0]
-    if MIXED in plan.kinds or any(map(eqx.is_array, jtu.tree_leaves(layer))):
+    if MIXED in aux[0].kinds or _holds_array(layer):
         return
-    attrs = object.__getattribute__(layer, "__dict__")
-    kept = [name for name, kind in zip(plan.names, plan.kinds) if kind == CHILD]
-    remember_template(layer, aux, tuple(attrs[name] for name in kept))
+    _remember_as(layer, aux)
 
 
 def take_markers(layer: Any) -> None:
@@ -103,16 +100,28 @@ def take_markers(layer: Any) -> None:
     mapped to `True`s), a template of the structure its class's static markers give,
     as in an `eqx.Module`: a real layer's, where every unmarked field holds arrays.
     Left as it is where it holds an array."""
-    if any(map(eqx.is_array, jtu.tree_leaves(layer))):
+    if _holds_array(layer):
         return
     spec = fields_of(type(layer))
     attrs = object.__getattribute__(layer, "__dict__")
     kinds = tuple(STATIC if marked else CHILD for marked in spec.declared_static)
-    fields = list(zip(spec.names, spec.declared_static))
+    fields = zip(spec.names, spec.declared_static)
     entries = [whole(attrs[name]) for name, marked in fields if marked]
     plan = plan_for(spec, kinds, entry_types(kinds, entries), False)
-    children = tuple(attrs[name] for name, marked in fields if not marked)
-    remember_template(layer, (plan, *entries), children)
+    _remember_as(layer, (plan, *entries))
+
+
+def _holds_array(layer: Any) -> bool:
+    return any(map(eqx.is_array, jtu.tree_leaves(layer)))
+
+
+def _remember_as(layer: Any, aux: Aux) -> None:
+    """Makes `layer` a template of `aux`: its children the values of the fields
+    `aux`'s plan has as children."""
+    plan = aux[0]
+    attrs = object.__getattribute__(layer, "__dict__")
+    kept = [name for name, kind in zip(plan.names, plan.kinds) if kind == CHILD]
+    remember_template(layer, aux, tuple(attrs[name] for name in kept))
 
 
 def flatten_template(
