@@ -1,5 +1,7 @@
 """Semantics 9: surgery on static values, inference mode, stateful layers."""
 
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -692,3 +694,58 @@ def test_a_layer_put_where_a_spec_held_a_leaf_splits_by_its_markers():
     assert keystrs(ours) == keystrs(twin) == [".head.weight", ".head.bias"]
     for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(twin)):
         np.testing.assert_allclose(a, b)
+
+
+# Built and given to `eqx.tree_at` before anything else flattens a model with these
+# layers, in a fresh interpreter: then no carrier of them has been made yet.
+_TREE_AT_FIRST = """
+import equinox as eqx, jax, jax.numpy as jnp
+import autostatic as asx
+
+def init(self, key):
+    self.linear = eqx.nn.Linear(3, 3, key=key)
+    self.attention = eqx.nn.MultiheadAttention(1, 3, key=key)
+    self.activation = jax.nn.relu
+
+def call(self, x):
+    x = self.activation(self.linear(x))[None]
+    return self.attention(x, x, x)[0]
+
+class Net(asx.AutoModule):
+    linear: eqx.nn.Linear
+    attention: eqx.nn.MultiheadAttention
+    activation: object
+    __init__, __call__ = init, call
+
+class Twin(eqx.Module):
+    linear: eqx.nn.Linear
+    attention: eqx.nn.MultiheadAttention
+    activation: object = eqx.field(static=True)
+    __init__, __call__ = init, call
+
+def zero_weights(model):
+    where = lambda m: (m.linear.weight, m.attention.query_proj.weight)
+    return eqx.tree_at(where, model, replace_fn=jnp.zeros_like)
+
+net, twin = zero_weights(Net(jax.random.key(0))), zero_weights(Twin(jax.random.key(0)))
+def arrays(model):
+    leaves = jax.tree_util.tree_leaves_with_path(model)
+    return [(jax.tree_util.keystr(p), x) for p, x in leaves if eqx.is_array(x)]
+
+assert [p for p, _ in arrays(net)] == [p for p, _ in arrays(twin)]
+assert all(jnp.array_equal(a, b) for (_, a), (_, b) in zip(arrays(net), arrays(twin)))
+x = jnp.arange(3.0)
+assert jnp.array_equal(jax.jit(Net.__call__)(net, x), eqx.filter_jit(Twin.__call__)(twin, x))
+print("same")
+"""
+
+
+def test_tree_at_before_any_flatten():
+    """`eqx.tree_at` as the first thing done with a model in a process (weights set
+    right after building) leaves a model that flattens and runs under `jax.jit` as
+    the `eqx.Module` twin does."""
+    done = subprocess.run(
+        [sys.executable, "-c", _TREE_AT_FIRST], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "same"

@@ -118,6 +118,8 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return
+    if in_surgery():  # the layers are nodes: their carrier makers may not exist yet
+        return
     signature.tried = True  # once: the modes follow from the types, mostly
     found = _modes(spec, signature, values)
     if found is None:
