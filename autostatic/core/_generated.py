@@ -48,6 +48,13 @@ def flatten(self):
     return general(self)
 '''
 
+# How the flatten of a class whose children hold layers ends: in a surgery
+# (`_carriers.layers_as_nodes`, this thread), the layers themselves are the children.
+_SURGERY_FINISH: Final = """\
+if surgeries[0] and in_surgery():
+            return {surgery_children}, {aux}
+        return {children}, {aux}"""
+
 # How the flatten of a layer class held in an AutoModule ends: it makes the layer's
 # carrier (`_carriers`) at once.
 _CARRIER_FINISH: Final = """\
@@ -106,6 +113,8 @@ _CHILDREN: Final = {
     CARRIED: "carried[{t}]({v})",
     LAYERS: "{t}(map(carried[{s}.pop()] if len({s}) == 1 else carry, {v}))",
 }
+# The same in a surgery (`_carriers.layers_as_nodes`): the layers as they are.
+_AS_NODES: Final = {**_CHILDREN, CARRIED: "{v}", LAYERS: "{v}"}
 _ENTRIES: Final = {
     KEPT: "{v}",
     FLOAT: "({v} if {v} == {v} and {v} != 0 else hold({v}))",
@@ -137,18 +146,23 @@ def fast_flatten(
     `_leaves.as_is_types`, named apart so that each check can be measured without
     the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carry`
     (what makes a layer's carrier), `carried` (what makes one of a layer class, by
-    class) and `surgeries` (`_carriers.surgeries`). `items` gives, per field of mode
-    `ITEMS`, the kind and type of each item (`namespace` then also holds
-    `flat_holes`). With `carrier`, it returns the layer's carrier instead of its node
-    (`namespace` then also holds `new` and `carrier_class`)."""
+    class), `surgeries` and `in_surgery` (`_carriers`: in a surgery, layers are
+    children as they are). `items` gives, per field of mode `ITEMS`, the kind and
+    type of each item (`namespace` then also holds `flat_holes`). With `carrier`, it
+    returns the layer's carrier instead of its node (`namespace` then also holds
+    `new` and `carrier_class`)."""
     children, entries, checks = _fields_code(types, modes, items or {})
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
-    if all(mode == CHILD for mode in modes):
-        child_values = "values"  # the tuple read
-    else:
-        child_values = "(" + "".join(f"{c}, " for c in children) + ")"
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
-    finish = _CARRIER_FINISH if carrier else "return {children}, {aux}"
+    as_nodes = _fields_code(types, modes, items or {}, layers_as_nodes=True)[0]
+    if carrier:
+        if as_nodes != children:  # a layer of layers: made by the general code there
+            checks.insert(0, "not surgeries[0]")
+        finish = _CARRIER_FINISH
+    elif as_nodes != children:
+        finish = _SURGERY_FINISH
+    else:
+        finish = "return {children}, {aux}"
     source = _TEMPLATE.format(
         qualname=owner.__qualname__,
         types=", ".join(t.__qualname__ for t in types),
@@ -157,7 +171,11 @@ def fast_flatten(
         unpack="".join(f"v{i}, " for i in range(len(names))),
         dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
         checks=" and ".join(checks),
-        finish=finish.format(children=child_values, aux=aux),
+        finish=finish.format(
+            children=_children_tuple(children, modes),
+            surgery_children=_children_tuple(as_nodes, modes),
+            aux=aux,
+        ),
     )
     scope = {**namespace, **{f"t{i}": t for i, t in enumerate(types)}}
     for i, kinds in (items or {}).items():
@@ -168,10 +186,21 @@ def fast_flatten(
     return _compiled(owner, source, scope)
 
 
+def _children_tuple(children: list[str], modes: tuple[str, ...]) -> str:
+    if all(mode == CHILD for mode in modes):
+        return "values"  # the tuple read
+    return "(" + "".join(f"{c}, " for c in children) + ")"
+
+
 def _fields_code(
-    types: tuple[type, ...], modes: tuple[str, ...], items: dict[int, Any]
+    types: tuple[type, ...],
+    modes: tuple[str, ...],
+    items: dict[int, Any],
+    layers_as_nodes: bool = False,
 ) -> tuple[list[str], list[str], list[str]]:
-    """The child expressions, entry expressions and checks of the fields, in order."""
+    """The child expressions, entry expressions and checks of the fields, in order;
+    with `layers_as_nodes`, children holding the layers where carriers would be."""
+    child_code = _AS_NODES if layers_as_nodes else _CHILDREN
     children, entries = [], []
     # A child's type may be any other that a field takes as a child as it is (a bias
     # or `None`, an array or a tracer, a module), with the same plan.
@@ -184,33 +213,30 @@ def _fields_code(
     for i, mode in enumerate(modes):
         n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
         if mode == ITEMS:
-            child, entry = _items_code(i, items[i], types[i])
+            child, entry = _items_code(i, items[i], types[i], layers_as_nodes)
             children.append(child)
             entries.append(entry)
             checks.append(f"tuple(map(type, v{i})) == m{i}")
             continue
-        if mode in _CHILDREN:
-            children.append(_CHILDREN[mode].format(**n))
+        if mode in child_code:
+            children.append(child_code[mode].format(**n))
         if mode in _ENTRIES:
             entries.append(_ENTRIES[mode].format(**n))
         if mode in _CHECKS:
             checks.append(_CHECKS[mode].format(**n))
-    carries = any(m in (CARRIED, LAYERS) for m in modes) or any(
-        kind == ITEM_CARRIED for kinds in items.values() for kind, _ in kinds
-    )
-    if carries:  # in a surgery (`_carriers.layers_as_nodes`), layers are the children
-        checks.insert(0, "not surgeries[0]")
     return children, entries, checks
 
 
-def _items_code(i: int, kinds: Any, kind: type) -> tuple[str, str]:
+def _items_code(
+    i: int, kinds: Any, kind: type, layers_as_nodes: bool
+) -> tuple[str, str]:
     """The child and entry expressions of field `i` of mode `ITEMS`: its items by
     place, a `None` where a static one is."""
     parts = []
     for k, (item, _) in enumerate(kinds):
-        if item == ITEM_CARRIED:  # its type checked: `carried` has its maker
+        if item == ITEM_CARRIED and not layers_as_nodes:  # type checked: maker exists
             parts.append(f"carried[m{i}[{k}]](v{i}[{k}])")
-        elif item == ITEM_CHILD:
+        elif item in (ITEM_CHILD, ITEM_CARRIED):
             parts.append(f"v{i}[{k}]")
         else:
             parts.append("None")

@@ -141,6 +141,7 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "carried": _carried,
         "flat_holes": FlatHoles,
         "surgeries": surgeries,
+        "in_surgery": in_surgery,
     }
     registered = _registered.get(spec.owner)
     if registered is None:  # a layer class: what `to_carrier` calls
