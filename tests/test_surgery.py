@@ -749,3 +749,46 @@ def test_tree_at_before_any_flatten():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "same"
+
+
+class _Pair(asx.AutoModule):
+    a: Any
+    b: Any
+
+
+class _EqxPair(eqx.Module):
+    a: Any
+    b: Any
+
+
+@pytest.mark.parametrize(
+    "where, new",
+    [
+        (lambda m: m.a.p, 0.3),
+        (lambda m: m.a.p, None),
+        (lambda m: m.a, eqx.nn.Dropout(0.3)),
+        (lambda m: m.a.p, jnp.array(0.3)),
+    ],
+    ids=["p float", "p None", "a new layer", "p array"],
+)
+def test_eqx_tree_at_on_a_model_without_arrays_sets_what_it_flattens_as(where, new):
+    """A model holding no array (a block of dropouts and settings): the value
+    `eqx.tree_at` puts in a layer is what the model flattens as, then and after an
+    unflatten, as the `eqx.Module` twin's."""
+    ours, twin = (
+        eqx.tree_at(where, cls(eqx.nn.Dropout(0.5), 3), new)
+        for cls in (_Pair, _EqxPair)
+    )
+    leaves, treedef = jax.tree_util.tree_flatten(ours)
+    unflattened = jax.tree_util.tree_unflatten(treedef, leaves)
+    for model in (ours, unflattened):
+        assert bool(eqx.tree_equal(model.a, twin.a))
+        assert model.b == twin.b
+
+
+def test_an_operation_on_the_exposed_form_orders_dicts_as_equinox_does():
+    """`eqx.nn.inference_mode` (run on the exposed form) gives an unchanged module's
+    dicts in key order, as every tree operation gives an `eqx.Module`'s."""
+    ours, twin = (cls({"x": [], "w": jnp.ones(2)}, 3) for cls in (_Pair, _EqxPair))
+    assert list(eqx.nn.inference_mode(ours).a) == list(eqx.nn.inference_mode(twin).a)
+    assert list(eqx.nn.inference_mode(ours).a) == ["w", "x"]

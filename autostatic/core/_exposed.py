@@ -109,9 +109,10 @@ def on_exposed(operation: Callable[[Any], Any], tree: Any) -> Any:
 def decide_again(tree: Any, originals: Originals | None = None) -> Any:
     """Every AutoModule of `tree` made anew from its current values, flattened from
     them from then on; one that an operation on the exposed tree left unchanged is the
-    module it was exposed from, as it was (`originals`): deciding it again could give
-    another structure (an optax `MaskedNode` where an array was) where nothing was
-    changed."""
+    module it was exposed from, unflattened from its own flatten as a tree operation
+    gives an unchanged `eqx.Module` (`originals`; dicts in key order): deciding it
+    again could give another structure (an optax `MaskedNode` where an array was)
+    where nothing was changed."""
 
     def decide_module(module: Any) -> Any:
         if category(module) == CARRIER:
@@ -119,7 +120,8 @@ def decide_again(tree: Any, originals: Originals | None = None) -> Any:
         if originals:
             original = originals.get(_identity_key(module))
             if original is not None:
-                return original
+                leaves, treedef = jtu.tree_flatten(original)
+                return jtu.tree_unflatten(treedef, leaves)
         cls = type(module)
         attrs = object.__getattribute__(module, "__dict__")
         return new_module(

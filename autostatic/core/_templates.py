@@ -94,6 +94,17 @@ def take_structure(layer: Any, aux: Aux) -> None:
     _remember_as(layer, aux)
 
 
+def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:
+    """Whether each field of layer `new` that does not hold `old`'s value is one that
+    `old`'s node, of aux `aux`, has as a child."""
+    before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
+    plan = aux[0]
+    return all(
+        kind == CHILD or before.get(name) is after.get(name)
+        for name, kind in zip(plan.names, plan.kinds)
+    )
+
+
 def take_markers(layer: Any) -> None:
     """Makes `layer`, put in a tree mapped from a model where the tree held no layer
     (a filter spec's `False` for a whole layer, replaced by the standalone layer

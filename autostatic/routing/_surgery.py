@@ -24,7 +24,7 @@ from ..core._carriers import get_flat, layers_as_carriers, layers_as_nodes
 from ..core._exposed import holds_modules, on_exposed
 from ..core._leaves import category, is_dynamic_leaf, LAYER, REAL, stops
 from ..core._node import to_carrier
-from ..core._templates import take_markers, take_structure
+from ..core._templates import changed_children_only, take_markers, take_structure
 
 _sentinel: Any = object()
 
@@ -122,14 +122,21 @@ def _keep_layer_structures(tree: Any, out: Any) -> None:
     a subtree mapped from the standalone layer, still matches the model. One put
     where the tree held no layer takes its class's static markers
     (`_templates.take_markers`)."""
+    # A tree without leaves may be a model holding no array: there a layer whose
+    # static value changed is decided from its values (a spec's labels, in a tree
+    # without leaves, are only what `tree_at` put at the model's array places).
+    labelled = bool(jtu.tree_leaves(tree))
     with layers_as_nodes():
         before, after = _layers_by_path(tree), _layers_by_path(out)
     for path, new in after.items():
         old = before.get(path)
         if old is None:
-            take_markers(new)
+            if labelled:
+                take_markers(new)
         elif new is not old and type(new) is type(old):
-            take_structure(new, get_flat(to_carrier(old))[1])
+            aux = get_flat(to_carrier(old))[1]
+            if labelled or changed_children_only(old, new, aux):
+                take_structure(new, aux)
 
 
 def _layers_by_path(tree: Any) -> dict[Any, Any]:
