@@ -1,12 +1,14 @@
 """The differential mutation fuzz: the same random model built on `AutoModule` and on
 `eqx.Module` (the oracle), changed in place at random depths (lists and dicts inside
-containers, inside nested modules, before and after `jax.jit` returned the model),
-and after every step compared on what JAX and Equinox see.
+containers, inside nested modules, before and after `jax.jit` returned the model) and
+by `eqx.tree_at` at any leaf of the twin (an array, or a value static in ours), and
+after every step compared on what JAX and Equinox see.
 
 `tests/test_mutations.py` runs it under pytest with a few hundred examples;
 `python -m tests.mutation_fuzz N` runs N examples and prints the disagreements.
 """
 
+import functools
 import io
 import sys
 import tempfile
@@ -282,7 +284,29 @@ def change(ours: Any, twin: Any, op: str, key: Any, desc: Any) -> None:
                 target.clear()
 
 
-OPS = ("append", "insert", "pop", "set", "clear", "jit", "tree_map")
+def at_key_path(path: tuple[Any, ...], tree: Any) -> Any:
+    """The node or leaf at a JAX key path of `tree`, read as a `where` reads it."""
+    for key in path:
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            tree = getattr(tree, key.name)
+        else:
+            tree = tree[
+                key.idx if isinstance(key, jax.tree_util.SequenceKey) else key.key
+            ]
+    return tree
+
+
+def replace_leaf(ours: Any, twin: Any, index: int, new: Any) -> tuple[Any, Any]:
+    """`eqx.tree_at` on both, at the twin's leaf `index` (an array, or a value that
+    is static in ours), replacing it by `new` (a new array where one was)."""
+    path, leaf = jax.tree_util.tree_flatten_with_path(twin)[0][index]
+    if eqx.is_array(leaf) and new is None:
+        new = _array()
+    where = functools.partial(at_key_path, path)
+    return eqx.tree_at(where, ours, new), eqx.tree_at(where, twin, new)
+
+
+OPS = ("append", "insert", "pop", "set", "clear", "jit", "tree_map", "tree_at")
 
 
 def run_example(data: Any) -> None:
@@ -304,6 +328,14 @@ def run_example(data: Any) -> None:
         elif op == "tree_map":
             ours = jax.tree_util.tree_map(lambda x: x, ours)
             twin = jax.tree_util.tree_map(lambda x: x, twin)
+        elif op == "tree_at":
+            count = len(jax.tree_util.tree_leaves(twin))
+            if not count:
+                continue
+            index = data.draw(st.integers(0, count - 1))
+            new = data.draw(st.sampled_from([None, 7, "other", ("array", _array())]))
+            new = new[1] if isinstance(new, tuple) else new
+            ours, twin = replace_leaf(ours, twin, index, new)
         else:
             paths = containers(ours)
             if not paths:
