@@ -35,11 +35,10 @@ def _all_real(tree: Any) -> bool:
     return all(category(x) in REAL for x in jtu.tree_leaves(tree, is_leaf=stops))
 
 
-def _is_model(tree: Any) -> bool:
-    """Whether `tree` has leaves and every one is an array: a model, not a tree
-    mapped from one (a filter spec, whose leaves are bools, or an `in_axes` tree
-    mapped to `None`, which has none)."""
-    leaves = jtu.tree_leaves(tree)
+def _is_model(leaves: list[Any]) -> bool:
+    """Whether a tree of these leaves has leaves and every one is an array: a model,
+    not a tree mapped from one (a filter spec, whose leaves are bools, or an
+    `in_axes` tree mapped to `None`, which has none)."""
     return bool(leaves) and all(map(is_dynamic_leaf, leaves))
 
 
@@ -106,8 +105,9 @@ def routed_tree_at(
             return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if not _is_model(pytree):
-        _keep_layer_structures(pytree, out)
+    leaves = jtu.tree_leaves(pytree)
+    if not _is_model(leaves):
+        _keep_layer_structures(pytree, out, labelled=bool(leaves))
         return out
     if all(map(_all_real, made)):
         return out
@@ -115,17 +115,16 @@ def routed_tree_at(
     return tree_at(where, pytree, replace, replace_fn, is_leaf)
 
 
-def _keep_layer_structures(tree: Any, out: Any) -> None:
+def _keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
     """In a tree mapped from a model (a filter spec, optimiser labels), each
     `eqx.nn` layer `eqx.tree_at` made anew keeps the structure of the layer at its
     place before (`_templates.take_structure`): a label put in a layer's field, or
     a subtree mapped from the standalone layer, still matches the model. One put
     where the tree held no layer takes its class's static markers
-    (`_templates.take_markers`)."""
-    # A tree without leaves may be a model holding no array: there a layer whose
-    # static value changed is decided from its values (a spec's labels, in a tree
-    # without leaves, are only what `tree_at` put at the model's array places).
-    labelled = bool(jtu.tree_leaves(tree))
+    (`_templates.take_markers`). A tree without leaves (not `labelled`) may be a
+    model holding no array: there a layer whose static value changed is decided from
+    its values (a spec's labels, in a tree without leaves, are only what `tree_at`
+    put at the model's array places)."""
     with layers_as_nodes():
         before, after = _layers_by_path(tree), _layers_by_path(out)
     for path, new in after.items():
