@@ -17,6 +17,7 @@ current trace, read in C++) falls back to JAX's public function where it is miss
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import re
 import threading
@@ -34,6 +35,7 @@ import equinox.internal._closure_to_pytree as _eqx_closure_to_pytree
 import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
 import equinox.nn._shared as _eqx_shared
+import jax.tree_util as jtu
 from jax.extend.core import find_top_trace
 
 from ._identity import WeakIdentitySet
@@ -449,3 +451,42 @@ except ImportError:  # pragma: no cover - another JAX version
     trace_state = _PublicTraceState()
 if type(trace_state.value) is not type(find_top_trace(())):  # pragma: no cover
     trace_state = _PublicTraceState()
+
+
+# Stops a flatten at every `eqx.Module` (and a carrier, whose `__class__` is its
+# layer's), in C: no Python code runs while JAX walks the containers.
+_stop_at_modules: Final = functools.partial(type.__instancecheck__, eqx.Module)
+
+
+def _flatten_none_leaves_public(
+    value: Any, stop_at_modules: bool = True
+) -> tuple[list[Any], Any]:  # pragma: no cover
+    if stop_at_modules:
+        return jtu.tree_flatten(
+            value, is_leaf=lambda x: x is None or _stop_at_modules(x)
+        )
+    return jtu.tree_flatten(value, is_leaf=lambda x: x is None)
+
+
+def _flatten_none_leaves_in_c(
+    value: Any, stop_at_modules: bool = True
+) -> tuple[list[Any], Any]:
+    return _none_leaf_flatten(value, _stop_at_modules if stop_at_modules else None)
+
+
+# A flatten in which `None` is a leaf, stopping at modules, or (`stop_at_modules`
+# false, for a value that holds none) with no predicate at all: JAX's registry of
+# that kind (`jax._src.tree_util`, private to JAX) walks the containers in C, so that
+# no other thread can change them halfway; its treedefs equal the public registry's.
+# Checked against the public equivalent; falls back to it where missing.
+flatten_none_leaves: Callable[..., tuple[list[Any], Any]]
+try:
+    from jax._src.tree_util import none_leaf_registry as _none_leaf_registry
+
+    _none_leaf_flatten = _none_leaf_registry.flatten
+    flatten_none_leaves = _flatten_none_leaves_in_c
+    _probe = {"a": None, "b": [1, (eqx.nn.Identity(), None)]}
+    if flatten_none_leaves(_probe) != _flatten_none_leaves_public(_probe):
+        flatten_none_leaves = _flatten_none_leaves_public  # pragma: no cover
+except ImportError:  # pragma: no cover - another JAX version
+    flatten_none_leaves = _flatten_none_leaves_public

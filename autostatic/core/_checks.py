@@ -24,6 +24,7 @@ import os
 import sys
 import types
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -125,7 +126,7 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
     # The built-in containers JAX walks; sets and subclasses of the containers,
     # leaves to JAX, are searched all the same.
     items = _items(value)
-    if items is None and isinstance(value, (list, tuple, set, frozenset)):
+    if items is None and isinstance(value, (list, tuple, set, frozenset, deque)):
         items = list(enumerate(value))
     elif items is None and isinstance(value, dict):
         items = list(value.items())

@@ -14,7 +14,15 @@ import jax.tree_util as jtu
 
 from ._carriers import get_layer, layer_of
 from ._fields import fields_of
-from ._leaves import CARRIER, category, is_dynamic, is_dynamic_leaf, NODE, stops
+from ._leaves import (
+    CARRIER,
+    category,
+    is_dynamic,
+    is_dynamic_leaf,
+    NODE,
+    snapshot,
+    stops,
+)
 from ._plan import entry_types, plan_for
 from ._split import CHILD, STATIC, whole
 from ._templates import remember_template, template_aux
@@ -86,7 +94,7 @@ def expose(
         cls = type(module)
         attrs = object.__getattribute__(module, "__dict__")
         values = {
-            n: _map_modules(expose_module, attrs[n])
+            n: _map_modules(expose_module, snapshot(attrs[n]))
             for n in fields_of(cls).names
             if n in attrs
         }

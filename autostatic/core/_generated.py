@@ -94,11 +94,13 @@ def specialise(function: Callable[..., Any], fast: Callable[..., Any]) -> None:
 CHILD: Final = "child"  # the value is a child
 KEPT: Final = "kept"  # the value is a static entry, as it is
 FLOAT: Final = "float"  # a static float, held exactly if a zero or NaN
+HELD: Final = "held"  # a static value as `_static.hold` holds it (a dtype, a set)
 SEQUENCE: Final = "sequence"  # a list or tuple of ints, bools, strings: a `StaticSeq`
 CARRIED: Final = "carried"  # an `eqx.nn` layer: the child is its carrier
 LAYERS: Final = "layers"  # a list or tuple of `eqx.nn` layers: of their carriers
-# A list or tuple of arrays, AutoModules and `None`s (a stack of blocks): the child.
-NODE_LIST: Final = "node list"
+# A list, tuple or dict whose lists, tuples and dicts hold arrays, AutoModules and
+# `None`s (a stack of blocks, a dict of parameters): the child, as it is.
+TREE: Final = "tree"
 # A list or tuple of `ITEM_*` items, those of each kind at fixed places (a block's
 # `[Linear, relu, Linear, Dropout]`): the child and a `FlatHoles` picked by place.
 ITEMS: Final = "items"
@@ -109,7 +111,7 @@ ITEM_CHILD, ITEM_CARRIED, ITEM_STATIC = "child", "carried", "static"
 # its type, `s` the types of its items).
 _CHILDREN: Final = {
     CHILD: "{v}",
-    NODE_LIST: "{v}",
+    TREE: "{v}",
     CARRIED: "carried[{t}]({v})",
     LAYERS: "{t}(map(carried[{s}.pop()] if len({s}) == 1 else carry, {v}))",
 }
@@ -118,10 +120,11 @@ _AS_NODES: Final = {**_CHILDREN, CARRIED: "{v}", LAYERS: "{v}"}
 _ENTRIES: Final = {
     KEPT: "{v}",
     FLOAT: "({v} if {v} == {v} and {v} != 0 else hold({v}))",
+    HELD: "hold({v})",
     SEQUENCE: "sequence(({t}, {s}, *{v}))",
 }
 _CHECKS: Final = {
-    NODE_LIST: "as_is.issuperset(map(type, {v}))",
+    TREE: "as_is.issuperset(leaf_types({v}))",
     SEQUENCE: "raw.issuperset({s} := tuple(map(type, {v}))) and {s}",
     LAYERS: "{v} and carried.keys() >= ({s} := set(map(type, {v})))",
 }

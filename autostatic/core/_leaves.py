@@ -19,6 +19,7 @@ type once (`category`), which is what keeps the flatten cheap:
 
 import collections
 import functools
+import itertools
 from typing import Any, Final
 
 import equinox as eqx
@@ -27,6 +28,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
+
+from .._compat import flatten_none_leaves
 
 ARRAY: Final = 0
 NDARRAY: Final = 1
@@ -59,9 +62,16 @@ _is_carrier_class: list[Any] = [lambda cls: False]
 
 def set_class_tests(node: Any, layer: Any, carrier: Any) -> None:
     _is_node_class[0], _is_layer_class[0], _is_carrier_class[0] = node, layer, carrier
+    _forget_types()
+
+
+def _forget_types() -> None:
     _categories.clear()
     real_types.clear()
     as_is_types.clear()
+    plain_types.clear()
+    node_child_types.clear()
+    node_types.clear()
 
 
 @functools.cache
@@ -118,10 +128,14 @@ _categories: dict[type, int] = {}
 _MOST_TYPES: Final = 4096
 
 
-# The types met so far whose values may be children of a real model (`REAL`), and
-# those a list holds as children as they are (`AS_IS`).
+# The types met so far whose values may be children of a real model (`REAL`), those
+# a container holds as children as they are (`AS_IS`), and those of every category
+# but CONTAINER (what a container's split takes without looking into).
 real_types: set[type] = set()
 as_is_types: set[type] = set()
+plain_types: set[type] = set()
+node_child_types: set[type] = set()  # LAYER and CARRIER: a child holds their carriers
+node_types: set[type] = set()  # NODES: not looked into
 
 
 def category(x: Any) -> int:
@@ -132,15 +146,95 @@ def category(x: Any) -> int:
     except KeyError:
         found = _category_of(cls, x)
         if len(_categories) >= _MOST_TYPES:
-            _categories.clear()
-            real_types.clear()
-            as_is_types.clear()
+            _forget_types()
         _categories[cls] = found
         if found in REAL:
             real_types.add(cls)
         if found in AS_IS:
             as_is_types.add(cls)
+        if found != CONTAINER:
+            plain_types.add(cls)
+        if found in (LAYER, CARRIER):
+            node_child_types.add(cls)
+        if found in NODES:
+            node_types.add(cls)
         return found
+
+
+class TooDeep:
+    """What `leaf_types` gives for containers nested deeper than it looks (a list
+    that holds itself): a type of no category."""
+
+
+# Nesting deeper than JAX flattens (its limit is about 900 levels).
+_MOST_LEVELS: Final = 1000
+_SEQUENCES: Final = frozenset({list, tuple})
+_is_list = functools.partial(type.__instancecheck__, list)
+_is_tuple = functools.partial(type.__instancecheck__, tuple)
+_is_dict = functools.partial(type.__instancecheck__, dict)
+_chain = itertools.chain.from_iterable
+
+
+def leaf_types(value: Any) -> set[type]:
+    """The types of what `value` holds below its lists, tuples and dicts (of exactly
+    those types: anything else, an array, a module or a namedtuple, is not looked
+    into), found level by level in C calls: no Python code runs per item, which is
+    what makes a container's split cost about JAX's own flatten of it."""
+    for _ in range(_TRIES):
+        try:
+            return _leaf_types(value)
+        except RuntimeError:  # a dict changed size while it was looked at
+            # Another thread ran meanwhile: a collection of garbage that this
+            # thread's allocations started ran finalizers, which let it in.
+            continue
+    return _leaf_types(value)
+
+
+_TRIES: Final = 8
+
+
+def _leaf_types(value: Any) -> set[type]:
+    found: set[type] = set()
+    kind = type(value)
+    if kind is dict:
+        level: Any = value.values()
+    elif kind is list or kind is tuple:
+        level = value
+    else:
+        return {kind}
+    for _ in range(_MOST_LEVELS):
+        types = set(map(type, level))
+        inner = types & BUILTIN_NODES
+        if not inner:
+            found |= types
+            return found
+        found |= types - inner
+        if types <= _SEQUENCES:
+            items: Any = _chain(level)
+        elif types == _DICT:
+            items = _chain(map(dict.values, level))
+        else:  # mixed: each kind picked out in C
+            items = list(_chain(filter(_is_list, level)))
+            items += _chain(filter(_is_tuple, level))
+            items += _chain(map(dict.values, filter(_is_dict, level)))
+        level = items if type(items) is list else list(items)
+    found.add(TooDeep)
+    return found
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of `value`'s containers as they stand, taken in one C call (no other
+    thread can change them halfway), its leaves, modules and layers the same
+    objects: what a walk in Python looks at where another thread may change the
+    value meanwhile."""
+    if type(value) not in BUILTIN_NODES:
+        return value
+    leaves, treedef = flatten_none_leaves(value)
+    return treedef.unflatten(leaves)
+
+
+BUILTIN_NODES: Final = frozenset({list, tuple, dict})
+_DICT: Final = frozenset({dict})
 
 
 def item_categories(value: Any) -> set[int]:

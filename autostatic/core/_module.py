@@ -26,6 +26,7 @@ from ._bound_method import BoundMethod, MethodDescriptor, same_leaves, wraps_as_
 from ._carriers import is_carried_class, is_carrier_class, layer_of
 from ._checks import check_acyclic, check_field, check_numpy_number
 from ._leaves import set_class_tests, stops
+from ._templates import restore_template, template_state
 
 
 # Type checkers take a class built by a metaclass for a dataclass only when that
@@ -230,13 +231,20 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
 
     def __reduce__(self):
         # For copy and pickle: the class and the attribute values, put back without
-        # `__init__` (as Equinox's unflatten does).
-        return (_rebuilt, (type(self), dict(object.__getattribute__(self, "__dict__"))))
+        # `__init__` (as Equinox's unflatten does), and for a template what it
+        # flattens as: a copied filter spec or `eval_shape` tree keeps its leaves.
+        attrs = dict(object.__getattribute__(self, "__dict__"))
+        state = template_state(self)
+        if state is None:
+            return (_rebuilt, (type(self), attrs))
+        return (_rebuilt, (type(self), attrs, state))
 
 
-def _rebuilt(cls: type, attrs: dict[str, Any]) -> Any:
+def _rebuilt(cls: type, attrs: dict[str, Any], template: Any = None) -> Any:
     obj = object.__new__(cls)
     object.__getattribute__(obj, "__dict__").update(attrs)
+    if template is not None:
+        restore_template(obj, template)
     return obj
 
 

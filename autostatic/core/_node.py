@@ -37,25 +37,25 @@ from ._generated import (
     fast_flatten,
     fast_unflatten,
     FLOAT,
+    HELD,
     ITEM_CARRIED,
     ITEM_CHILD,
     ITEM_STATIC,
     ITEMS,
     KEPT,
     LAYERS,
-    NODE_LIST,
     SEQUENCE,
     specialise,
+    TREE,
     unflatten_dispatcher,
 )
 from ._leaves import (
     ARRAY,
-    AS_IS,
     as_is_types,
     CARRIER,
     category,
-    item_categories,
     LAYER,
+    leaf_types,
     NODE,
     NONE,
     NUMBER,
@@ -89,7 +89,7 @@ from ._split import (
     StaticSeq,
     value_of,
 )
-from ._static import hold
+from ._static import held_as_themselves, hold
 from ._templates import flatten_template, real_items, settle, templates
 
 _object_getattribute = object.__getattribute__
@@ -134,6 +134,7 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "get_dict": _object_getattribute,
         "raw": RAW,
         "as_is": as_is_types,
+        "leaf_types": leaf_types,
         "child_types": as_is_types,
         "sequence": StaticSeq,
         "hold": hold,
@@ -173,14 +174,12 @@ def _modes(
             modes.append(KEPT)
         elif action == HOLD and type(value) is float:
             modes.append(FLOAT)
+        elif action == HOLD and _keyed_by_type(value):
+            modes.append(HELD)
         elif action == CARRY and category(value) == LAYER:
             modes.append(CARRIED)
-        elif (
-            action == SPLIT
-            and type(value) in (list, tuple)
-            and AS_IS.issuperset(item_categories(value))
-        ):
-            modes.append(NODE_LIST)
+        elif action == SPLIT and as_is_types.issuperset(leaf_types(value)):
+            modes.append(TREE)
         elif (
             action in (SPLIT, WHOLE)
             and sequence
@@ -198,6 +197,12 @@ def _modes(
         else:
             return None
     return tuple(modes), items
+
+
+def _keyed_by_type(value: Any) -> bool:
+    """Whether a plan keys a held static value by its type alone: not a class, which
+    it keys as a dtype or not by its value (`np.float32` or `int`)."""
+    return type(value) is not type
 
 
 # The item categories the generated flatten takes by place (`ITEMS`).
@@ -218,7 +223,7 @@ def _item_kinds(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] |
             kinds.append((ITEM_CARRIED, type(item)))
         elif (
             cat in (STATIC_CATEGORY, NUMBER)
-            and hold(item) is item
+            and held_as_themselves((type(item),))
             and not (array_field and cat == NUMBER)
         ):
             kinds.append((ITEM_STATIC, type(item)))
@@ -296,7 +301,11 @@ def _flatten_by_actions(
             entries.append(entry_of(action, value))
         kinds.append(STATIC if action >= KEEP else CHILD)
     plan = signature.plan
-    if plan is None:
+    if plan is None and signature.by_value:
+        kinds = tuple(kinds)
+        types = entry_types(kinds, entries)
+        plan = plan_for(spec, kinds, types, False, signature.partial)
+    elif plan is None:
         kinds = tuple(kinds)
         plan = signature.resolved.get(kinds)
         if plan is None:

@@ -24,7 +24,7 @@ from ._leaves import (
     SHAPE,
 )
 from ._split import CHILD, MIXED, RECORDS, STATIC, whole
-from ._static import hold, natural, SameDtype
+from ._static import held_as_themselves, hold, natural, SameDtype, Snapshot
 
 # How a field's value of one type becomes part of the node (`Signature.actions`).
 TAKE: Final = 0  # the child, as it is
@@ -175,7 +175,11 @@ def entry_types(kinds: tuple[int, ...], entries: Any) -> tuple[Any, ...]:
 def _type_keyed(entry: Any) -> type:
     """The type a plan keys for a held entry: its value's (`1`, `1.0` and `True`
     differ), but one for every dtype specifier, as they are one value."""
-    return SameDtype if type(entry) is SameDtype else type(natural(entry))
+    if type(entry) is SameDtype:
+        return SameDtype
+    if type(entry) is Snapshot:  # without copying it
+        return entry.kind
+    return type(natural(entry))
 
 
 def _is_record(entry: Any) -> bool:
@@ -228,6 +232,7 @@ class Signature:
         "resolved",
         "partial",
         "tried",
+        "by_value",
     )
 
     def __init__(
@@ -239,6 +244,7 @@ class Signature:
     ):
         self.actions, self.plan, self.partial = actions, plan, partial
         self.tried = False  # whether code was generated, or could not be, for it
+        self.by_value = False  # the plan depends on the values, not just their types
         # Where a field is split: the plan of each kinds of fields met (the entry
         # types follow from the value types and the kinds).
         self.resolved: dict[tuple[int, ...], Plan] = {}
@@ -283,12 +289,11 @@ def _action(value: Any, declared_static: bool, array_field: bool) -> int:
 
 
 def _static_action(value: Any) -> int:
-    """KEEP for a static value of a type `hold` never wraps, HOLD for any other: a
-    float or complex is held exactly whenever it is a zero or a NaN, whatever the
-    value this type was first met with."""
-    if type(value) in (float, complex):
-        return HOLD
-    return KEEP if hold(value) is value else HOLD
+    """KEEP for a static value of a type `hold` never wraps, HOLD for any other,
+    decided by the type alone: a float is held exactly whenever it is a zero or a
+    NaN, and a class whenever it is a numpy scalar type, whatever the value this
+    type was first met with."""
+    return KEEP if held_as_themselves((type(value),)) else HOLD
 
 
 def new_signature(spec: FieldSpec, types: tuple[type, ...], values: Any) -> Signature:
@@ -298,11 +303,15 @@ def new_signature(spec: FieldSpec, types: tuple[type, ...], values: Any) -> Sign
     plan = None
     if _Unset in types:  # flattened inside `__init__`: not cached
         return Signature(actions, None, False, partial=True)
-    if SPLIT not in actions:
+    # A class held as a static value is keyed in the plan as a dtype or as a class,
+    # by its value (`np.float32` or `int`): the plan is found at each flatten.
+    by_value = any(a == HOLD and t is type for a, t in zip(actions, types))
+    if SPLIT not in actions and not by_value:
         kinds = tuple(CHILD if a in (TAKE, CARRY) else STATIC for a in actions)
         entries = [entry_of(a, v) for a, v in zip(actions, values) if a >= KEEP]
         plan = plan_for(spec, kinds, entry_types(kinds, entries), False)
     signature = Signature(actions, plan, set(actions) <= {TAKE, KEEP})
+    signature.by_value = by_value
     _bound(spec.signatures)
     return spec.signatures.setdefault(types, signature)
 

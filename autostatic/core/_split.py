@@ -17,14 +17,19 @@ record is a flat tuple, compared in C; none holds a field's name or path, so equ
 values give equal treedefs wherever they sit.
 """
 
+import itertools
 from collections.abc import Callable
 from typing import Any, Final
 
 import jax.tree_util as jtu
+import numpy as np
+from jax import ShapeDtypeStruct
 
+from .._compat import flatten_none_leaves
 from ._leaves import (
     ARRAY,
     AS_IS,
+    as_is_types,
     BUILTIN_CONTAINERS,
     CARRIER,
     category,
@@ -34,14 +39,18 @@ from ._leaves import (
     item_categories,
     jax_holds,
     LAYER,
+    leaf_types,
     NDARRAY,
     NODE,
+    node_child_types,
+    node_types,
     NODES,
     NONE,
     NUMBER,
+    plain_types,
     SHAPE,
 )
-from ._static import hold, HOLDER_TYPES, natural
+from ._static import held_as_themselves, hold, HOLDER_TYPES, natural
 
 CHILD: Final = 0
 STATIC: Final = 1
@@ -238,22 +247,118 @@ def whole(value: Any) -> Any:
 
 
 def _split_tree(value: Any, array_field: bool, node_child: NodeChild) -> Split:
-    """`split` for any value JAX flattens as a node, through every level."""
+    """`split` for any value JAX flattens as a node, through every level: by the
+    types its lists, tuples and dicts hold (`leaf_types`), a value of arrays,
+    modules and `None`s is its own child at once, and one of plain leaves is split
+    from a flatten made in C (`_split_plain`); any other (a user's `eqx.Module`, a
+    namedtuple, an `OrderedDict` inside) is walked in Python (`_split_walked`)."""
+    types = leaf_types(value)
+    if (as_is_types | NUMBER_TYPES if array_field else as_is_types).issuperset(types):
+        return CHILD, value, None
+    if plain_types.issuperset(types):
+        return _split_plain(value, types, array_field, node_child)
+    return _split_walked(value, array_field, node_child)
+
+
+# The types of Python numbers and `ShapeDtypeStruct`s: children in an array field.
+NUMBER_TYPES: Final = frozenset({bool, int, float, complex, ShapeDtypeStruct})
+
+
+def _split_plain(
+    value: Any, types: set[type], array_field: bool, node_child: NodeChild
+) -> Split:
+    """`_split_tree` for a value whose lists, tuples and dicts hold only leaves of
+    `types` (no other node): its leaves (`None`s included, modules and layers not
+    looked into) and treedef taken in one C call, so a change made by another thread
+    meanwhile is wholly seen or not at all, and each leaf told dynamic or static by
+    its type, in C calls."""
+    leaves, treedef = flatten_none_leaves(value, not node_types.isdisjoint(types))
+    leaf_types_ = list(map(type, leaves))
+    # The types of this flatten's own leaves: another thread may have changed the
+    # value since `types` were found.
+    types = set(leaf_types_)
+    if not plain_types.issuperset(types):
+        return _split_walked(value, array_field, node_child)
+    if np.ndarray in types:  # dynamic or not by its dtype: looked at one by one
+        dynamic = [is_dynamic(x, array_field) or _kept_whole(x) for x in leaves]
+        return _from_leaves(value, leaves, treedef, dynamic, node_child)
+    static_types = types - dynamic_types(array_field)
+    if not static_types:
+        return _all_children(value, leaves, treedef, types, node_child)
+    static = list(map(static_types.__contains__, leaf_types_))
+    held = list(itertools.compress(leaves, static))
+    if not held_as_themselves(static_types):
+        held = list(map(hold, held))
+        held_types = tuple(map(type, held))
+    else:
+        held_types = tuple(itertools.compress(leaf_types_, static))
+    positions = tuple(itertools.compress(itertools.count(), static))
+    return _with_holes(leaves, treedef, positions, held_types, held, types, node_child)
+
+
+def dynamic_types(array_field: bool) -> set[type]:
+    """The types of the leaves of a container that are children, modules and layers
+    included (numpy arrays are, by their dtype)."""
+    kinds = node_child_types | as_is_types
+    return kinds | NUMBER_TYPES if array_field else kinds
+
+
+def _split_walked(value: Any, array_field: bool, node_child: NodeChild) -> Split:
+    """`_split_tree` through nodes of any kind, with a flatten that asks Python
+    where to stop."""
     leaves, treedef = jtu.tree_flatten(value, is_leaf=_kept_whole)
     dynamic = [is_dynamic(x, array_field) or _kept_whole(x) for x in leaves]
+    return _from_leaves(value, leaves, treedef, dynamic, node_child)
+
+
+def _from_leaves(
+    value: Any,
+    leaves: list[Any],
+    treedef: Any,
+    dynamic: list[bool],
+    node_child: NodeChild,
+) -> Split:
+    """The split of `value`, whose leaves (each dynamic as `dynamic` says) and
+    treedef are given."""
+    types = set(map(type, leaves))
     if all(dynamic):
-        if not any(category(x) in (LAYER, CARRIER) for x in leaves):
-            return CHILD, value, None
-        return CHILD, treedef.unflatten(_node_children(leaves, node_child)), None
+        return _all_children(value, leaves, treedef, types, node_child)
     positions = tuple(i for i, d in enumerate(dynamic) if not d)
     held = [hold(leaves[i]) for i in positions]
-    types = tuple(map(type, held))
+    held_types = tuple(map(type, held))
+    return _with_holes(leaves, treedef, positions, held_types, held, types, node_child)
+
+
+def _all_children(
+    value: Any, leaves: list[Any], treedef: Any, types: set[type], node_child: NodeChild
+) -> Split:
+    """The split of `value`, every one of whose leaves (of `types`) is dynamic: the
+    value itself, or where it holds layers, the value with their carriers."""
+    if node_child_types.isdisjoint(types):
+        return CHILD, value, None
+    return CHILD, treedef.unflatten(_node_children(leaves, node_child)), None
+
+
+def _with_holes(
+    leaves: list[Any],
+    treedef: Any,
+    positions: tuple[int, ...],
+    held_types: tuple[type, ...],
+    held: list[Any],
+    types: set[type],
+    node_child: NodeChild,
+) -> Split:
+    """The split of a value with static leaves at `positions`, held as `held`."""
     if len(positions) == len(leaves):
-        return STATIC, None, StaticTree((treedef, types, *held))
-    parts = _node_children(leaves, node_child)
+        return STATIC, None, StaticTree((treedef, held_types, *held))
+    if node_child_types.isdisjoint(types):
+        parts = list(leaves)
+    else:
+        parts = _node_children(leaves, node_child)
     for i in positions:
         parts[i] = None
-    return MIXED, treedef.unflatten(parts), Holes((treedef, positions, types, *held))
+    child = treedef.unflatten(parts)
+    return MIXED, child, Holes((treedef, positions, held_types, *held))
 
 
 def _kept_whole(x: Any) -> bool:
@@ -272,6 +377,7 @@ def _kept_whole(x: Any) -> bool:
 
 
 def _node_children(leaves: list[Any], node_child: NodeChild) -> list[Any]:
+    """`leaves` with each layer as `node_child` gives it."""
     return [node_child(x) if category(x) in _CARRIED else x for x in leaves]
 
 

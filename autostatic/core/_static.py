@@ -8,6 +8,7 @@ whose `==` runs in Python behind a comparison that explains a failure (`Compared
 set as a frozen copy (`SetValue`). `natural` gives the value back.
 """
 
+import copy
 import dataclasses
 import functools
 import operator
@@ -184,23 +185,70 @@ class Compared:
             return True
         if type(other) is not Compared:
             return False
-        a, b = self.value, other.value
-        try:
-            return static_equal(a, b)
-        except Exception as err:
-            raise TypeError(
-                f"static values {a!r} and {b!r} of type {type(a).__name__} cannot "
-                f"be compared with == ({type(err).__name__}: {err}). JAX compares "
-                "static values to decide whether a compiled function can be reused. "
-                "Give the type a boolean __eq__, or store the data as a jax/numpy "
-                "array so that it becomes dynamic."
-            ) from err
+        return _compared(self.value, other.value)
 
     def __hash__(self) -> int:
         return 0
 
     def __repr__(self) -> str:
         return f"Compared({self.value!r})"
+
+
+def _compared(a: Any, b: Any) -> bool:
+    """`static_equal`, a failure explained: JAX compares aux data on jit lookups."""
+    try:
+        return static_equal(a, b)
+    except Exception as err:
+        raise TypeError(
+            f"static values {a!r} and {b!r} of type {type(a).__name__} cannot "
+            f"be compared with == ({type(err).__name__}: {err}). JAX compares "
+            "static values to decide whether a compiled function can be reused. "
+            "Give the type a boolean __eq__, or store the data as a jax/numpy "
+            "array so that it becomes dynamic."
+        ) from err
+
+
+class Snapshot:
+    """A static leaf that has no hash, as values changed in place have none (a
+    `deque`, a `bytearray`, an `array.array`, a subclass of `list` or `dict` that JAX
+    takes for a leaf, a dataclass that is not frozen): held as a copy of what it is
+    at the flatten, so that a value changed after a trace is another static value
+    (as a list's items are, looked into), where the value itself in the aux would
+    equal itself and reuse the stale trace. Read back as a copy, that changing it
+    cannot change the treedef that holds it."""
+
+    __slots__ = ("kind", "_copy")
+
+    def __init__(self, value: Any, copied: Any):
+        self.kind = type(value)
+        self._copy = copied
+
+    @property
+    def value(self) -> Any:
+        return copy.deepcopy(self._copy)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Snapshot:
+            return False
+        return _compared(self._copy, other._copy)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self._copy!r})"
+
+
+def _snapshot(leaf: Any) -> Any:
+    """A `Snapshot` of `leaf`; where it cannot be copied, a `Compared` (a change made
+    in place to it is then not seen)."""
+    try:
+        copied = copy.deepcopy(leaf)
+    except Exception:
+        return Compared(leaf)
+    return Snapshot(leaf, copied)
 
 
 class SameProgram:
@@ -329,6 +377,8 @@ def hold(leaf: Any) -> Any:
     set, or a `Compared` for a leaf compared in Python."""
     if type(leaf) is set or type(leaf) is frozenset:
         return SetValue(leaf, type(leaf))
+    if type(leaf).__hash__ is None:
+        return _snapshot(leaf)
     exact = _exact_form(leaf)
     if exact is not leaf:
         return exact
@@ -341,9 +391,42 @@ def hold(leaf: Any) -> Any:
     return leaf
 
 
+def held_as_themselves(types: Iterable[type]) -> bool:
+    """Whether `hold` gives every leaf of these types as it is, whatever its value
+    (a string, an int, a function; not a float, which is held exactly if zero)."""
+    for kind in types:
+        known = _held_as_itself.get(kind)
+        if known is None:
+            if len(_held_as_itself) >= _MOST_TYPES:
+                _held_as_itself.clear()
+            known = _held_as_itself[kind] = _holds_as_itself(kind)
+        if not known:
+            return False
+    return True
+
+
+def _holds_as_itself(kind: type) -> bool:
+    if kind in _HELD_BY_VALUE or issubclass(kind, _DTYPE_OBJECTS):
+        return False
+    if kind.__hash__ is None:  # a `Snapshot`
+        return False
+    return not isinstance(getattr(kind, "__eq__", None), types.FunctionType)
+
+
+# The leaf types `hold` may wrap, by the value: floats and complex numbers (zeros,
+# NaNs), sets, programs, partials, classes (a numpy scalar type is a dtype).
+_HELD_BY_VALUE: Final = frozenset(
+    {float, complex, set, frozenset, Jaxpr, functools.partial, type}
+)
+# Per type met, whether `hold` gives its values as they are; bounded as the leaf
+# categories are.
+_held_as_itself: dict[type, bool] = {}
+_MOST_TYPES: Final = 4096
+
+
 # The types of static leaves that hold a value other than themselves.
 HOLDER_TYPES: Final = frozenset(
-    {SetValue, Compared, SameProgram, ExactFloat, SameDtype, SamePartial}
+    {SetValue, Compared, SameProgram, ExactFloat, SameDtype, SamePartial, Snapshot}
 )
 
 
@@ -358,6 +441,7 @@ def natural(leaf: Any) -> Any:
         or kind is ExactFloat
         or kind is SameDtype
         or kind is SamePartial
+        or kind is Snapshot
     ):
         return leaf.value
     return leaf

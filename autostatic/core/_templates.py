@@ -22,7 +22,18 @@ import jax.tree_util as jtu
 
 from ._carriers import layer_of
 from ._fields import fields_of
-from ._leaves import CARRIER, category, CONTAINER, NODES, REAL, real_types, stops
+from ._leaves import (
+    BUILTIN_NODES,
+    CARRIER,
+    category,
+    CONTAINER,
+    LAYER,
+    leaf_types,
+    NODES,
+    REAL,
+    real_types,
+    stops,
+)
 from ._plan import entry_types, plan_for
 from ._retrace import is_traced, note_held_numbers
 from ._split import CHILD, MIXED, STATIC, whole
@@ -31,15 +42,13 @@ Aux = tuple
 
 
 def real_items(children: Any) -> bool:
-    """Whether each child is of a type a real model holds, or a list or tuple of
-    such items (a stack of layers)."""
+    """Whether each child is of a type a real model holds, or a list, tuple or dict
+    whose leaves are (`leaf_types`: a stack of layers, a dict of arrays)."""
     for child in children:
         kind = type(child)
         if kind in real_types:
             continue
-        if kind is not list and kind is not tuple:
-            return False
-        if not real_types.issuperset(map(type, child)):
+        if kind not in BUILTIN_NODES or not real_types.issuperset(leaf_types(child)):
             return False
     return True
 
@@ -81,6 +90,40 @@ def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
     except TypeError:  # not weakly referenceable: flattened from its values
         return
     templates[key] = (ref, aux, tuple(children))
+
+
+def template_state(obj: Any) -> Any:
+    """What makes `obj` a template, for a copy of it: its aux and children, and
+    those of the layers among its children that are templates too (a copy or a
+    pickle carries them beside the attribute values; `restore_template`). None
+    where `obj` is no template."""
+    record = _record(obj)
+    if record is None:
+        return None
+    layers, pending = [], [record[1]]
+    while pending:
+        for x in jtu.tree_leaves(pending.pop(), is_leaf=stops):
+            inner = _record(x) if category(x) == LAYER else None
+            if inner is not None:
+                layers.append((x, *inner))
+                pending.append(inner[1])
+    return record, tuple(layers)
+
+
+def restore_template(obj: Any, state: Any) -> None:
+    """Makes `obj`, a copy of a template, and its copied layers the templates the
+    originals are (`state` from `template_state`, copied with them)."""
+    (aux, children), layers = state
+    remember_template(obj, aux, children)
+    for layer, layer_aux, layer_children in layers:
+        remember_template(layer, layer_aux, layer_children)
+
+
+def _record(obj: Any) -> tuple[Aux, tuple[Any, ...]] | None:
+    template = templates.get(id(obj))
+    if template is None or template[0]() is not obj:
+        return None
+    return template[1], template[2]
 
 
 def take_structure(layer: Any, aux: Aux) -> None:

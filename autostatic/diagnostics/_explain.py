@@ -206,6 +206,10 @@ def _array_counts(arrays: list[Any]) -> tuple[int, int, tuple[str, ...]]:
 
 def _all_rows(tree: Any) -> tuple[list[Row], list[Any]]:
     """A row for every value of `tree`, and the dynamic arrays among them."""
+    # One copy of the tree looked at twice: another thread changing a container of
+    # `tree` meanwhile does not make the two looks disagree.
+    leaves, treedef = jtu.tree_flatten(tree)
+    tree = jtu.tree_unflatten(treedef, leaves)
     dynamic_paths = {
         jtu.keystr(path) for path, _ in jtu.tree_flatten_with_path(tree)[0]
     }
