@@ -4,8 +4,8 @@ Every array leaf is stored under `jax.tree_util.keystr` of its key path, which i
 same for an AutoModule and for the equivalent `eqx.Module` and does not depend on which
 values are static, so checkpoints move between the two and a mismatch is reported by
 name. Saving to a path is atomic. Loading checks the header against the template before
-reading any tensor, then reads each tensor into its own buffer and places it where the
-template leaf is.
+reading any tensor, then reads each tensor into its own buffer and places it as the
+template leaf asks (`_loading.place`).
 """
 
 import os
@@ -310,9 +310,12 @@ def load(
         static data are kept from `like`.
     - `host`: if `True`, every loaded leaf is a numpy array (bfloat16 etc. as ml_dtypes
         arrays) and nothing is allocated on any JAX device. If `False`, leaves whose
-        template is a `jax.Array` or `ShapeDtypeStruct` become `jax.Array`s placed
-        with the template leaf's `.sharding` (the default device if it has none);
-        leaves whose template is a numpy array stay numpy arrays, as in Equinox.
+        template is a `jax.Array` or `ShapeDtypeStruct` become `jax.Array`s: with the
+        template leaf's `.sharding` where it carries a placement (a
+        `ShapeDtypeStruct` whose `.sharding` is set, or an array that is `.committed`
+        to its devices), else uncommitted on the default device, as Equinox loads
+        them (`jnp.asarray`), so that `jit` and `pmap` may move them. Leaves whose
+        template is a numpy array stay numpy arrays, as in Equinox.
     - `strict`: if `False`, tensors in the file that the template does not have are
         ignored (at most `MAX_UNNEEDED_TENSORS` of them). Tensors the template needs
         but the file lacks are always an error.

@@ -442,9 +442,13 @@ def _with_eqx_suffix(path: str | bytes | os.PathLike) -> pathlib.Path:
 
 
 def _read(
-    slots: list[_Slot], blobs: _Blobs, matched: dict[int, int], host: bool
+    slots: list[_Slot],
+    blobs: _Blobs,
+    matched: dict[int, int],
+    host: bool,
+    placed: bool,
 ) -> dict[str, Any]:
-    """The arrays of the required slots, by key, read and placed like the template."""
+    """The arrays of the required slots, by key, read and placed (`place`)."""
     required = [i for i, s in enumerate(slots) if s.required and not s.loads_value]
     for i in required:
         problem = jax_dtype_problem(slots[i].key, slots[i].dtype, slots[i].leaf, host)
@@ -455,7 +459,7 @@ def _read(
     for i in required:
         slot, blob = slots[i], blobs.blobs[matched[i]]
         array = blobs.array(blob, slot.key, slot.dtype)
-        loaded[slot.key] = in_flight.add(place(array, slot.leaf, host))
+        loaded[slot.key] = in_flight.add(place(array, slot.leaf, host, placed))
         del array
     in_flight.wait()
     for i, slot in enumerate(slots):
@@ -486,19 +490,29 @@ def load_eqx(file: PathOrFile, like: Any, *, host: bool = False) -> Any:
         binary file object positioned at the checkpoint.
     - `like`: the AutoModule (or any pytree) to load into, concrete or with
         `jax.ShapeDtypeStruct` arrays, built with the saved model's hyperparameters.
-    - `host`: as for `load`.
+    - `host`: as for `load`, and so is where the arrays go.
 
     **Returns:**
 
     A copy of `like` with its arrays loaded; static values are those of `like`.
     """
+    return _load_eqx(file, like, host=host, placed=True)
+
+
+def load_eqx_unplaced(file: PathOrFile, like: Any) -> Any:
+    """`load_eqx` with every array uncommitted on the default device, whatever the
+    template's placement: where Equinox's own reader puts them."""
+    return _load_eqx(file, like, host=False, placed=False)
+
+
+def _load_eqx(file: PathOrFile, like: Any, *, host: bool, placed: bool) -> Any:
     slots = _slots(like)
     if isinstance(file, (str, bytes, os.PathLike)):
         file = _with_eqx_suffix(file)
     with open_source(file) as source:
         blobs = _Blobs(source, limit=len(slots))
         matched = _place_blobs(slots, blobs, source.name)
-        loaded = _read(slots, blobs, matched, host)
+        loaded = _read(slots, blobs, matched, host, placed)
         source.seek_end()
 
     def fill(path: tuple, leaf: Any) -> Any:

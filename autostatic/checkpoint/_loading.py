@@ -1,10 +1,13 @@
 """What `load` and `load_eqx` share: template leaves checked, tensors read into fresh
-aligned buffers, and placed like the template leaf.
+aligned buffers, and placed as the template leaf asks.
 
 A template leaf (a concrete array or a `jax.ShapeDtypeStruct`) says the shape and
-dtype a tensor must have, and where the loaded array goes: numpy stays numpy, anything
-else becomes a `jax.Array` with the leaf's sharding. Each tensor is read into memory of
-its own, so placing it on the CPU device needs no second copy.
+dtype a tensor must have, and where the loaded array goes: numpy stays numpy; anything
+else becomes a `jax.Array`, with the leaf's placement if it has one (a
+`ShapeDtypeStruct` with a sharding, an array committed to its devices), else
+uncommitted on the default device, as Equinox's reader (`jnp.asarray`) puts it. Each
+tensor is read into memory of its own, so placing it on the CPU device needs no second
+copy.
 """
 
 import contextlib
@@ -15,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from ._dtypes import invalid_bytes_message, known_dtype_name, KNOWN_DTYPES
 from ._errors import CheckpointError, show
@@ -173,12 +177,28 @@ class InFlight:
             self.previous = None
 
 
-def place(array: np.ndarray, like: Any, host: bool) -> Any:
-    """The loaded value for the template leaf `like`: numpy, or a placed jax.Array."""
+def placement(like: Any) -> Any:
+    """The placement the template leaf `like` carries: the sharding of a
+    `ShapeDtypeStruct` that has one (`eval_shape` gives none) or of an array committed
+    to its devices; `None` for any other leaf, an uncommitted array included (JAX
+    chose its device, so JAX may move it)."""
+    if isinstance(like, jax.ShapeDtypeStruct):
+        return like.sharding
+    # A tracer has no placement to read (`.committed` raises on one).
+    if isinstance(like, jax.Array) and not isinstance(like, Tracer) and like.committed:
+        return like.sharding
+    return None
+
+
+def place(array: np.ndarray, like: Any, host: bool, placed: bool = True) -> Any:
+    """The loaded value for the template leaf `like`: numpy, or a jax.Array with the
+    template's placement (if `placed` and it has one), else uncommitted on the default
+    device."""
     if isinstance(like, np.generic):
         return array[()]
     if host or _is_numpy(like):
         return array
-    # Same placement as the template; ShapeDtypeStruct.sharding may be None (default
-    # device). On CPU, JAX may alias `array`, which is ours alone, so no copy is made.
-    return jax.device_put(array, getattr(like, "sharding", None))
+    # `device_put` to `None` makes an uncommitted array, as `jnp.asarray` does, so a
+    # later `pmap` or `jit` may move it. On one CPU device, committed or not, JAX
+    # adopts `array` (ours alone) instead of copying it.
+    return jax.device_put(array, placement(like) if placed else None)

@@ -8,7 +8,9 @@ the leaves Equinox sees are then those of the same model written as an
 `eqx.Module`, and the files are the same, byte for byte, in both directions. A
 loaded tree has its partition decided afresh from the values read. A file that
 does not fit the exposed template, with Equinox's default filter spec, is read by
-`load_eqx`: a file whose writer marked fields static (and so did not write them).
+`load_eqx`: a file whose writer marked fields static (and so did not write them). Its
+arrays go where Equinox's reader puts them, uncommitted on the default device whatever
+the template's placement, so the result does not depend on which reader read the file.
 
 A filter spec that is a pytree of functions above the AutoModules (`(spec, spec)`
 for `(model, opt_state)`) is applied to each subtree exposed, as it is to an
@@ -26,7 +28,7 @@ from .._compat import (
     original_tree_deserialise_leaves,
     original_tree_serialise_leaves,
 )
-from ..checkpoint._eqx_format import load_eqx
+from ..checkpoint._eqx_format import load_eqx_unplaced
 from ..checkpoint._errors import CheckpointError
 from ..core._exposed import decide_again, expose, holds_modules
 
@@ -86,7 +88,7 @@ def tree_deserialise_leaves(
         if not isinstance(path_or_file, (str, os.PathLike)):
             path_or_file.seek(start)
         try:
-            return load_eqx(path_or_file, like)
+            return load_eqx_unplaced(path_or_file, like)
         except CheckpointError as aligned:
             raise aligned from err
     return decide_again(loaded)  # decided afresh from the values read
