@@ -21,6 +21,7 @@ SCRIPTS = [
     "retrace_debugging",
     "sharded_training",
     "switch_over_modules",
+    "training",
     "transformer",
 ]
 
@@ -44,6 +45,20 @@ def test_mlp_optax_matches_eqx_loss_curve():
 def test_transformer_trains():
     out = run_example("transformer")
     assert out["last_loss"] < out["first_loss"] / 2
+
+
+def test_training_shows_what_its_page_says():
+    # docs/training.md shows this example's code and says what each part shows.
+    out = run_example("training")
+    optax_loop, stateful = out["optax"], out["stateful"]
+    assert optax_loop["last_loss"] < optax_loop["first_loss"] / 4
+    # Fresh, trained and loaded models share one compiled step.
+    assert out["step_traces"] == 1
+    assert stateful["last_loss"] < stateful["first_loss"] / 2
+    assert stateful["inference"] and stateful["test_loss"] < stateful["first_loss"]
+    # Inference uses the running statistics: one example alone predicts the same.
+    assert stateful["alone_gap"] < 1e-5
+    assert out["resume"] == {"same_state": True, "same_losses": True}
 
 
 def run_script(
