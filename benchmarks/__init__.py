@@ -1,7 +1,8 @@
 """Benchmarks: `autostatic.AutoModule` against Equinox and dict / dataclass floors.
 
 Run with `python -m benchmarks [--quick | --full | --smoke] [--only SECTION[,SECTION]]
-[--out DIR | --write-results] [--sizes 4,32,256]` (`--help` lists the sections). Results
+[--out DIR | --write-results] [--sizes 4,32,256] [--gc-off]` (`--help` lists the
+sections). Results
 go to `benchmarks/out/<backend>/` (ignored by git) unless `--out DIR` is given; only
 `--write-results` writes the committed `benchmarks/results/<backend>/`.
 
@@ -17,12 +18,17 @@ Modules:
   function on each.
 - `real_models`: models built from `eqx.nn` layers, and their measurement.
 - `settings`: how much each mode measures.
-- `timing`: the interleaved timing harness (timeit-style batches, gc off, every cell
-  in a reshuffled order every round, ratios paired per round) and small statistics
-  helpers.
+- `timing`: the interleaved timing harness (timeit-style batches, the garbage
+  collector on as users run, off with `--gc-off`; every cell in a reshuffled order
+  every round, ratios paired per round) and small statistics helpers.
 - `scenarios`: what is measured on the synthetic models: pytree operations, dispatch,
   async dispatch, time to first call.
 - `training`: training-step throughput on the synthetic models.
+- `scaling`: from 16 to 4,096 layers of the user's own and of `eqx.nn` layers, with
+  memory.
+- `containers`: the models people write with their parameters in plain containers
+  (the README's list of dicts, dicts of dicts, lists of arrays, mixed tuples), at 16,
+  256 and 4,096 entries, with memory.
 - `retracing`: trace counts, scripted on the MLP and in purpose-built contrasts.
 - `construction`: what building, tracing and compiling cost: wrapping made layers and
   arrays, building with the layers' init, trace times, and trace + compile of diffrax

@@ -1,5 +1,5 @@
 """The command line: `python -m benchmarks [--quick | --full | --smoke] [--only SECTIONS]
-[--out DIR | --write-results] [--sizes ...]`.
+[--out DIR | --write-results] [--sizes ...] [--gc-off]`.
 
 - `--quick` (default): the README numbers, under 2 minutes on 2 CPU cores (compile
   times included). Trains the 32-layer MLP and the transformer; the 256-layer training
@@ -12,6 +12,9 @@
   mean nothing, so its targets are "not judged (smoke run)" instead of MET / MISSED.
 - `--only tree_ops,training`: only these sections (`SECTIONS`; `-` may stand for `_`).
   The results, the tables and the targets then hold only what ran.
+- `--gc-off`: timed code runs with the garbage collector off (by default it is on, as
+  users run; see `timing`), for figures beside the default ones where the collector's
+  share explains something. Recorded in results.json's `settings` (`gc_off`).
 
 Results go to `--out DIR`, by default `benchmarks/out/<backend>/` (ignored by git), so
 ad-hoc runs never touch the checkout; only `--write-results` writes the committed
@@ -46,7 +49,7 @@ from typing import Any, cast
 
 import jax
 
-from . import models as M, registry, report, scenarios as S
+from . import models as M, registry, report, scenarios as S, timing
 from .progress import eta_text, Progress, step_kind
 from .schema import Machine, Results
 from .sections import group_budget, REPO_ROOT, Run, SECTIONS, Step
@@ -152,6 +155,11 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="run every group in this process",
     )
+    p.add_argument(
+        "--gc-off",
+        action="store_true",
+        help="time with the garbage collector off (default on, as users run)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -182,8 +190,9 @@ def out_dir(args: argparse.Namespace, backend: str) -> Path:
 
 
 def settings_for(args: argparse.Namespace) -> Settings:
-    """The mode's settings, with `--sizes` (and the trained depths among them)."""
-    settings = MODES[args.mode]
+    """The mode's settings, with `--sizes` (and the trained depths among them) and
+    `--gc-off`."""
+    settings = dataclasses.replace(MODES[args.mode], gc_off=args.gc_off)
     if args.sizes:
         sizes = tuple(sorted(set(args.sizes)))
         train = tuple(n for n in settings.train_sizes if n in sizes) or (sizes[0],)
@@ -335,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the benchmarks; the exit status is 1 if a section crashed, else 0."""
     args = parse_args(argv)
     settings = settings_for(args)
+    with timing.collector_off(settings.gc_off):
+        return _main(args, settings)
+
+
+def _main(args: argparse.Namespace, settings: Settings) -> int:
+    """`main` once the command line is read."""
     progress = Progress()
     if args.worker:
         return _run_worker(args, settings)

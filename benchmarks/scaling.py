@@ -6,10 +6,11 @@ non-array field marked `eqx.field(static=True)`, under the same plain `jax.jit`)
   that holds them in a list beside its activation, as Equinox's docs write one;
 - `eqx.nn`: `eqx.nn.Linear` layers held in the same MLP.
 
-Per depth: flatten, unflatten + read every field, a `jax.jit` call's dispatch (all
-paired per round), and the Python memory of one model (`tracemalloc`, the arrays made
-beforehand and shared by both implementations, so only what each keeps per model is
-counted).
+Per depth: flatten, unflatten + read every field, a `jax.jit` call's dispatch, and the
+same call's dispatch against `eqx.filter_jit` on the unmarked twin (the same classes
+without markers: what Equinox users run), all paired per round; and the Python memory
+of one model (`tracemalloc`, the arrays made beforehand and shared by AutoModule and
+the fair twin, so only what each keeps per model is counted).
 """
 
 import functools
@@ -34,12 +35,13 @@ except Exception:  # the report says why every cell failed
 KINDS = ("own", "eqx.nn")
 IMPLS = ("autostatic", "eqx-static")
 OPS = ("flatten", "unflatten_read", "dispatch")
+FILTER = "eqx-filter"  # the unmarked twin, timed for its `eqx.filter_jit` dispatch only
 WIDTH = 8
 
 
 @functools.cache
 def _classes() -> dict[tuple[str, str], type]:
-    """The MLP classes, and the user's own Linear, of both implementations."""
+    """The MLP classes, and the user's own Linear, of every implementation."""
     assert asx is not None
 
     class OwnLinear(asx.AutoModule):
@@ -61,11 +63,17 @@ def _classes() -> dict[tuple[str, str], type]:
         layers: list
         activation: Callable = eqx.field(static=True)
 
+    class UnmarkedMLP(eqx.Module):
+        layers: list
+        activation: Callable
+
     return {
         ("autostatic", "layer"): OwnLinear,
         ("autostatic", "mlp"): MLP,
         ("eqx-static", "layer"): EqxOwnLinear,
         ("eqx-static", "mlp"): EqxMLP,
+        (FILTER, "layer"): EqxOwnLinear,
+        (FILTER, "mlp"): UnmarkedMLP,
     }
 
 
@@ -105,6 +113,11 @@ def _read_all(model: Any) -> tuple[Any, ...]:
 def _cells(models: dict[str, Any]) -> dict[str, Callable[[], Any]]:
     cells: dict[str, Callable[[], Any]] = {}
     for impl, model in models.items():
+        if impl == FILTER:
+            filtered = eqx.filter_jit(lambda m: m.layers[0].weight + 1)
+            filtered(model).block_until_ready()
+            cells[f"{impl}|dispatch"] = lambda f=filtered, m=model: f(m)
+            continue
         leaves, treedef = jax.tree_util.tree_flatten(model)
         probe = jax.jit(lambda m: m.layers[0].weight + 1)
         probe(model).block_until_ready()
@@ -136,8 +149,10 @@ def memory_per_model(build: Callable[[], Any], count: int) -> float:
 def _depth(kind: str, n: int, settings: Settings) -> ScalingDepth:
     arrays = layer_arrays(n)
     builds = {impl: builder(kind, impl, arrays) for impl in IMPLS}
+    models = {impl: build() for impl, build in builds.items()}
+    models[FILTER] = builder(kind, FILTER, arrays)()
     samples = run_interleaved(
-        _cells({impl: build() for impl, build in builds.items()}),
+        _cells(models),
         settings.rounds,
         settings.target_batch_s,
         min_rounds=5,
@@ -145,16 +160,17 @@ def _depth(kind: str, n: int, settings: Settings) -> ScalingDepth:
     )
     count = max(2, 8192 // n)
     memory = {impl: memory_per_model(build, count) for impl, build in builds.items()}
+    us = {key: scaled_summary(values, 1e6) for key, values in samples.items()}
+    ratios = {
+        op: paired_ratio(samples[f"autostatic|{op}"], samples[f"eqx-static|{op}"])
+        for op in OPS
+    }
+    ratios["dispatch_filter_jit"] = paired_ratio(
+        samples["autostatic|dispatch"], samples[f"{FILTER}|dispatch"]
+    )
     return {
-        "us": {
-            f"{impl}|{op}": scaled_summary(samples[f"{impl}|{op}"], 1e6)
-            for impl in IMPLS
-            for op in OPS
-        },
-        "ratios": {
-            op: paired_ratio(samples[f"autostatic|{op}"], samples[f"eqx-static|{op}"])
-            for op in OPS
-        },
+        "us": us,
+        "ratios": ratios,
         "memory_bytes": memory,
         "memory_ratio": memory["autostatic"] / memory["eqx-static"],
     }

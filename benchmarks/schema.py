@@ -1,8 +1,8 @@
 """The `results.json` format, defined once: every section's shape as a `TypedDict`.
 
-The producers (`scenarios`, `training`, `real_models`, `construction`,
-`serialisation`, `runner`) build these, the report reads them, and the tests write
-their hand-made results with them. The committed
+The producers (`scenarios`, `training`, `real_models`, `scaling`, `containers`,
+`construction`, `serialisation`, `runner`) build these, the report reads them, and the
+tests write their hand-made results with them. The committed
 `benchmarks/results/<backend>/results.json` and the notebook's plotting code read the
 same format, so a key is renamed or dropped only together with them.
 
@@ -461,8 +461,10 @@ class SectionError(TypedDict):
 
 class ScalingDepth(TypedDict):
     """One depth of one kind of layer: per `"<impl>|<op>"` the time of one call (µs),
-    per op AutoModule's paired ratio to the fair twin, and the Python bytes one model
-    keeps per implementation, with their ratio."""
+    per op AutoModule's paired ratio to the fair twin (`dispatch_filter_jit`: its
+    `jax.jit` dispatch to `eqx.filter_jit`'s on the unmarked twin, absent from results
+    made before it was measured), and the Python bytes one model keeps per
+    implementation, with their ratio."""
 
     us: dict[str, Stat]
     ratios: dict[str, Ratio]
@@ -476,6 +478,35 @@ class Scaling(TypedDict):
 
     sizes: list[int]
     kinds: dict[str, dict[str, ScalingDepth]]
+
+
+# --------------------------------------------------------------------------------------
+# `containers`: one entry per kind of container.
+# --------------------------------------------------------------------------------------
+
+
+class ContainersSize(TypedDict):
+    """One kind at one size: per `"<impl>|<op>"` the time of one call (µs); AutoModule's
+    paired ratios (`flatten`, `unflatten`, `dispatch`: to the fair baseline;
+    `dispatch_filter_jit`: its `jax.jit` dispatch to `eqx.filter_jit`'s on the
+    unmarked twin); the Python bytes one model keeps, AutoModule's and the fair twin's
+    class's holding the same containers, with their ratio."""
+
+    us: dict[str, Stat]
+    ratios: dict[str, Ratio]
+    memory_bytes: dict[str, float]
+    memory_ratio: float
+
+
+class ContainersKind(TypedDict):
+    """One kind of container: what its fair baseline holds (`SAME_CONTAINERS`, or in
+    words what else), and each size (its number of entries, as a string)."""
+
+    fair: str
+    sizes: dict[str, ContainersSize]
+
+
+SAME_CONTAINERS = "the same containers"  # a fair baseline holding the kind's own
 
 
 class Results(TypedDict):
@@ -495,6 +526,7 @@ class Results(TypedDict):
     real_models: NotRequired[RealModels | None]
     construction: NotRequired[Construction]
     scaling: NotRequired[Scaling | None]
+    containers: NotRequired[dict[str, ContainersKind]]
     targets: list[Target]
     errors: list[SectionError]
     plots: NotRequired[list[str]]

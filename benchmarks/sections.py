@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from . import (
     construction,
+    containers,
     real_models,
     registry,
     report,
@@ -112,7 +113,7 @@ def group_budget(model: str, settings: Settings) -> float | None:
 
 
 def run_tree_ops_in_subprocess(
-    model: str, mode: str, sizes: tuple[int, ...]
+    model: str, mode: str, sizes: tuple[int, ...], gc_off: bool = False
 ) -> dict[str, Any]:
     """Runs one tree-op group in a fresh interpreter (like the anchor harness's
     per-size processes), so one model's heap and caches cannot affect another's."""
@@ -129,7 +130,7 @@ def run_tree_ops_in_subprocess(
             str(path),
             "--sizes",
             ",".join(map(str, sizes)),
-        ]
+        ] + (["--gc-off"] if gc_off else [])
         env = dict(
             os.environ,
             PYTHONPATH=os.pathsep.join(
@@ -165,7 +166,7 @@ def _plan_tree_ops(run: Run) -> list[Step]:
                 Step(
                     f"tree ops + dispatch: {model} (own process)",
                     lambda m=model: run_tree_ops_in_subprocess(
-                        m, run.args.mode, settings.sizes
+                        m, run.args.mode, settings.sizes, settings.gc_off
                     ),
                     run.store("tree_ops", model),
                 )
@@ -294,6 +295,21 @@ def _plan_scaling(run: Run) -> list[Step]:
     ]
 
 
+def _plan_containers(run: Run) -> list[Step]:
+    """Each kind of container at every size, a step per kind."""
+    budget = run.settings.group_budget_s
+    sizes = run.settings.containers_sizes
+    return [
+        Step(
+            f"containers: {kind}, {', '.join(map(str, sizes))} entries",
+            lambda k=kind: containers.containers(k, run.settings),
+            run.store("containers", kind),
+            None if budget is None else len(sizes) * budget,
+        )
+        for kind in containers.KINDS
+    ]
+
+
 def _plan_construction(run: Run) -> list[Step]:
     """Building, tracing, and trace + compile of diffrax / optimistix stock vs
     rebased (own processes), each a step of its own."""
@@ -359,6 +375,12 @@ SECTIONS: dict[str, Section] = {
         "16 to 4,096 layers of the user's own and of eqx.nn, with memory",
         {"scaling": None},
         _plan_scaling,
+    ),
+    "containers": Section(
+        "models of containers in fields (the README's list of dicts, dicts of dicts, "
+        "lists of arrays, mixed tuples) at 16 to 4,096 entries, with memory",
+        {"containers": {}},
+        _plan_containers,
     ),
     "construction": Section(
         "building, tracing and compiling (diffrax / optimistix rebased in own "

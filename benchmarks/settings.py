@@ -51,6 +51,12 @@ class Settings:
     # The depths of the scaling section (its rounds and budget: `rounds`,
     # `group_budget_s`).
     scaling_sizes: tuple[int, ...]
+    # The entries of the containers section's models (its rounds and budget: `rounds`,
+    # `group_budget_s`).
+    containers_sizes: tuple[int, ...]
+    # Whether timed code runs with the collector off (`--gc-off`); on by default, as
+    # users run (`timing`).
+    gc_off: bool = False
 
 
 MODES: dict[str, Settings] = {
@@ -82,6 +88,7 @@ MODES: dict[str, Settings] = {
         ecosystem_processes=1,
         ecosystem_reps=1,
         scaling_sizes=(16, 64),
+        containers_sizes=(4, 16),
     ),
     "quick": Settings(
         mode="quick",
@@ -111,6 +118,7 @@ MODES: dict[str, Settings] = {
         ecosystem_processes=3,
         ecosystem_reps=3,
         scaling_sizes=(16, 256, 4096),
+        containers_sizes=(16, 256, 4096),
     ),
     "full": Settings(
         mode="full",
@@ -140,5 +148,6 @@ MODES: dict[str, Settings] = {
         ecosystem_processes=5,
         ecosystem_reps=5,
         scaling_sizes=(16, 64, 256, 1024, 4096),
+        containers_sizes=(16, 256, 4096),
     ),
 }

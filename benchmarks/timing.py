@@ -1,15 +1,20 @@
 """The interleaved timing harness and its statistics.
 
-Method (the same as the independent anchor harness, so numbers are comparable):
+Method (that of the independent anchor harness, except that the collector stays on
+unless `--gc-off`, where the numbers are comparable with it):
 
 - every cell (one operation of one implementation) is timed in timeit-style batches: a
   tight `for _ in itertools.repeat(None, n)` loop whose length `n` is calibrated so one
   batch takes about `batch_s`; the sample is the batch's mean time per operation;
-- the garbage collector is off while timing (it is run between rounds instead), so a
-  collection triggered by one cell's garbage is not charged to another cell; the heap
-  that exists before timing starts is frozen (`gc.freeze`), so those collections only
-  scan new objects (a full collection of a process holding jax, equinox and every
-  model takes ~0.1 s, which would otherwise dominate quick runs);
+- the garbage collector is on while timing, as users run: the young-generation
+  collections that a cell's own allocations trigger are part of what a user pays, and
+  are charged to that cell; `--gc-off` (`collector_off`) turns it off while timing, for
+  figures beside these where the collector's share explains something;
+- the heap that exists before timing starts is frozen (`gc.freeze`) and a collection
+  runs between rounds, which users do not do: a full collection of a process holding
+  jax, equinox and every model takes ~0.1 s, and one landing in a single batch would
+  be noise, not a cost of the code timed; frozen, a collection only scans the objects
+  made since;
 - every round runs all cells once, in a freshly shuffled order, so slow drifts of a
   shared, noisy machine (other jobs, CPU frequency) hit every cell alike;
 - ratios are paired per round (cell / reference in the same round, then the median),
@@ -32,6 +37,36 @@ Samples = dict[str, list[float]]
 
 
 _frozen_depth = 0
+_gc_off = False  # `--gc-off`: the collector is off while timing
+
+
+@contextmanager
+def collector_off(off: bool) -> Iterator[None]:
+    """Within: timed code runs with the collector off if `off` (`--gc-off`), else on
+    (the default, as users run)."""
+    global _gc_off
+    was, _gc_off = _gc_off, off
+    try:
+        yield
+    finally:
+        _gc_off = was
+
+
+@contextmanager
+def timing_collector() -> Iterator[None]:
+    """The collector as timed code runs (`collector_off`); as it was on exit."""
+    was_enabled = gc.isenabled()
+    if _gc_off:
+        gc.disable()
+    else:
+        gc.enable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        else:
+            gc.disable()
 
 
 @contextmanager
@@ -117,29 +152,21 @@ def run_interleaved(
     rng = random.Random(seed)
     order = list(cells)
     samples: Samples = {key: [] for key in cells}
-    was_enabled = gc.isenabled()
     with frozen_heap():
         start = time.perf_counter()
-        try:
-            for r in range(rounds):
-                gc.collect()  # only objects made since the heap was frozen: cheap
-                gc.disable()
-                rng.shuffle(order)
+        for r in range(rounds):
+            gc.collect()  # only objects made since the heap was frozen: cheap
+            rng.shuffle(order)
+            with timing_collector():
                 for key in order:
                     samples[key].append(timed_batch(cells[key], loops[key]))
-                gc.enable()
-                elapsed = time.perf_counter() - start
-                if (
-                    max_seconds is not None
-                    and r + 1 >= min_rounds
-                    and elapsed > max_seconds
-                ):
-                    break
-        finally:
-            if was_enabled:
-                gc.enable()
-            else:
-                gc.disable()
+            elapsed = time.perf_counter() - start
+            if (
+                max_seconds is not None
+                and r + 1 >= min_rounds
+                and elapsed > max_seconds
+            ):
+                break
     return samples
 
 
@@ -174,17 +201,13 @@ def paired_ratio(values: list[float], reference: list[float]) -> Ratio:
 
 
 def timed_once(fn: Callable[[], Any]) -> float:
-    """Seconds for one call, with the collector off (used for first-call timings)."""
+    """Seconds for one call, the collector as `timing_collector` sets it (used for
+    first-call timings)."""
     gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with timing_collector():
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def busy_wait(seconds: float) -> None:

@@ -41,6 +41,7 @@ def test_runner_smoke_mode_writes_results(
     _check_real_models(results, text)
     _check_construction(results, text)
     _check_scaling(results, text)
+    _check_containers(results, text)
 
     if importlib.util.find_spec("matplotlib") is not None:
         for png in ("overhead_vs_n.png", "training_throughput.png"):
@@ -64,7 +65,12 @@ def _check_scaling(results: dict[str, Any], text: str) -> None:
     for depths in scaling["kinds"].values():
         assert list(depths) == [str(n) for n in scaling["sizes"]]
         for d in depths.values():
-            assert set(d["ratios"]) == {"flatten", "unflatten_read", "dispatch"}
+            assert set(d["ratios"]) == {
+                "flatten",
+                "unflatten_read",
+                "dispatch",
+                "dispatch_filter_jit",
+            }
             assert d["memory_bytes"]["autostatic"] > 0
             assert d["memory_ratio"] == pytest.approx(
                 d["memory_bytes"]["autostatic"] / d["memory_bytes"]["eqx-static"]
@@ -72,6 +78,54 @@ def _check_scaling(results: dict[str, Any], text: str) -> None:
     assert "### Scaling: 16 to 4,096 layers" in text
     assert "of an MLP of the user's own AutoModule layers" in text
     assert "Python memory per model <= 1.25x eqx-static" in text
+
+
+CONTAINER_KINDS = ["readme-mlp", "dict-of-dicts", "list-of-arrays", "mixed-tuples"]
+
+
+def _check_containers(results: dict[str, Any], text: str) -> None:
+    """Every kind at every size, each ratio paired, memory per model, the table, the
+    targets (N/A never, in a smoke run not judged) and each kind's verdict line."""
+    held = results["containers"]
+    assert list(held) == CONTAINER_KINDS
+    sizes = [str(n) for n in results["settings"]["containers_sizes"]]
+    assert sizes == [str(n) for n in MODES["smoke"].containers_sizes]
+    for kind, entry in held.items():
+        assert list(entry["sizes"]) == sizes, kind
+        for d in entry["sizes"].values():
+            assert set(d["ratios"]) == {
+                "flatten",
+                "unflatten",
+                "dispatch",
+                "dispatch_filter_jit",
+            }
+            assert all(r["n"] > 0 for r in d["ratios"].values()), kind
+            assert d["us"]["eqx-filter|dispatch"]["median"] > 0, kind
+            assert d["memory_bytes"]["eqx-static"] > 0, kind
+    assert held["mixed-tuples"]["fair"].startswith("its dynamic half")
+    assert held["readme-mlp"]["fair"] == "the same containers"
+    targets = [t for t in results["targets"] if t["section"] == "containers"]
+    assert [t["threshold"] for t in targets] == [2.3, 1.2, 1.5] * 3 + [0.5, 3.0] + [
+        1.25
+    ] * 4
+    assert all(isinstance(t["value"], float) for t in targets), targets
+    section = _section(text, "### Containers in fields")
+    assert section.count("\n| ") == 1 + len(CONTAINER_KINDS) * len(sizes)  # + header
+    assert 'the README\'s `MLP` (a list of `{"w", "b"}` dicts)' in section
+    assert "the fair baseline holds its dynamic half" in section
+    # The verdict: a line per model kind, with both baselines at every size.
+    verdict = _section(text, "### Verdict")
+    kinds = [x for x in verdict.splitlines() if ": vs the fair twin" in x]
+    scaled = len(results["scaling"]["kinds"])
+    assert len(kinds) == len(held) + scaled + len(results["real_models"]["models"])
+    readme = next(x for x in kinds if "the README's `MLP`" in x)
+    assert readme.count("x / ") == 2 * (len(sizes) - 1), readme
+    assert "; vs eqx.filter_jit " in readme
+    mixed = next(x for x in verdict.splitlines() if "(array, jax.nn.relu, i)" in x)
+    assert ": vs the fair twin's dynamic half " in mixed
+    assert (
+        "* the real model `transformer`: vs the fair twin partitioned once† " in verdict
+    )
 
 
 def _check_format(results: dict[str, Any]) -> None:
@@ -551,8 +605,9 @@ def test_runner_only_one_section(
         assert key not in results, key
     assert results["retracing"]["counts"]
     assert [t["section"] for t in results["targets"]] == ["retracing"]
+    # No status is MET or MISSED (the targets' paragraph names them, unjudged).
     for text in (printed.out, printed.err, (tmp_path / "results.md").read_text()):
-        assert "MET" not in text and "MISSED" not in text
+        assert "**MET**" not in text and "**MISSED**" not in text
     assert "not judged (smoke run)" in printed.out
     assert "1/1 retracing" in printed.err  # progress: step k of n
     assert printed.out.rstrip().endswith(str(tmp_path / "results.md"))
@@ -794,3 +849,121 @@ def test_faster_only_when_every_interquartile_range_lies_below_one() -> None:
         "Slower or the same"
     )
     assert group_by_speed([1.2, 1.3], [(1.1, 1.4), (1.2, 1.5)]) == "Slower"
+
+
+def test_timed_code_runs_with_the_collector_on_unless_gc_off() -> None:
+    import gc
+
+    from benchmarks import timing
+
+    def enabled_in_timed_code() -> list[bool]:
+        seen: list[bool] = []
+        cell = lambda: seen.append(gc.isenabled())
+        timing.run_interleaved({"a": cell}, rounds=2, loops={"a": 1})
+        timing.timed_once(cell)
+        return seen[1:]  # after the warm-up call, which is not timed
+
+    assert enabled_in_timed_code() == [True] * 3  # as users run
+    with timing.collector_off(True):
+        assert enabled_in_timed_code() == [False] * 3
+    assert enabled_in_timed_code() == [True] * 3 and gc.isenabled()
+
+
+def test_runner_gc_off_is_recorded_and_reaches_the_timed_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from benchmarks import timing
+    from benchmarks.runner import main
+
+    seen: list[bool] = []
+    timed_batch = timing.timed_batch
+
+    def recording(fn: Any, n: int) -> float:
+        seen.append(gc.isenabled())
+        return timed_batch(fn, n)
+
+    # Uncalibrated (one call a batch), so that every batch recorded is a timed one.
+    monkeypatch.setattr(timing, "calibrate", lambda fn, batch_s: 1)
+    monkeypatch.setattr(timing, "timed_batch", recording)
+    argv = ["--smoke", "--only", "async_dispatch", "--no-plots", "--out"]
+    for off in (True, False):
+        seen.clear()
+        out = tmp_path / str(off)
+        assert main([*argv, str(out)] + (["--gc-off"] if off else [])) == 0
+        assert seen and set(seen) == {not off}
+        results = json.loads((out / "results.json").read_text())
+        assert results["settings"]["gc_off"] is off
+        text = (out / "results.md").read_text()
+        assert ("garbage collector off (`--gc-off`)" in text) is off
+        assert ("garbage collector on, as users run" in text) is not off
+    assert not timing._gc_off and gc.isenabled()  # main leaves the default behind
+
+
+def _containers_entry(dispatch: float, filtered: float, fair: str) -> Any:
+    """One kind at 16, 256 and 4,096 entries: flatten 2x, unflatten 1.1x, memory
+    1.0x, dispatch `dispatch` (1.2x that at 4,096) and `filtered`."""
+    sizes = {}
+    for n, grow in (("16", 1.0), ("256", 1.0), ("4096", 1.2)):
+        sizes[n] = {
+            "us": {},
+            "ratios": {
+                "flatten": _ratio(2.0),
+                "unflatten": _ratio(1.1),
+                "dispatch": _ratio(dispatch * grow),
+                "dispatch_filter_jit": _ratio(filtered),
+            },
+            "memory_bytes": {"autostatic": 100.0, "eqx-static": 100.0},
+            "memory_ratio": 1.0,
+        }
+    return {"fair": fair, "sizes": sizes}
+
+
+def test_containers_targets_and_each_kind_on_its_own_verdict_line() -> None:
+    from benchmarks import report
+
+    same = "the same containers"
+    held = {
+        "readme-mlp": _containers_entry(1.3, 0.3, same),  # 1.56x at 4,096: MISSED
+        "dict-of-dicts": _containers_entry(1.0, 0.3, same),
+        "mixed-tuples": _containers_entry(2.0, 0.4, "its dynamic half"),
+    }
+    only = ["containers"]
+    got = report.evaluate_targets(_results(only, containers=held), sections=only)
+    status = {(t["where"], t["target"]): t["status"] for t in got}
+    readme = "containers: readme-mlp"
+    assert status[readme, "flatten <= 2.3x eqx-static (every size)"] == "MET"
+    assert status[readme, "unflatten <= 1.2x eqx-static (every size)"] == "MET"
+    dispatch = "`jax.jit` dispatch <= 1.5x eqx-static (every size)"
+    assert status[readme, dispatch] == "MISSED"
+    assert status["containers: dict-of-dicts", dispatch] == "MET"
+    assert status["containers: list-of-arrays", dispatch] == "N/A"  # not measured
+    mixed = "containers: mixed-tuples"
+    assert (
+        status[
+            mixed, "`jax.jit` dispatch <= 0.5x eqx-filter / eqx.filter_jit (every size)"
+        ]
+        == "MET"
+    )
+    assert (
+        status[
+            mixed,
+            "`jax.jit` dispatch <= 3.0x eqx-static's dynamic half / jax.jit (every size)",
+        ]
+        == "MET"
+    )
+    missed = next(t for t in got if t["status"] == "MISSED")
+    assert "4,096: 1.56x" in missed["detail"]  # the measured value, at every size
+    assert len(got) == 3 * 3 + 2 + 4
+
+    verdict = "\n".join(report.verdict_section(_results(only, containers=held)))
+    assert (
+        '* the README\'s `MLP` (a list of `{"w", "b"}` dicts), 16 / 256 / 4,096 '
+        "entries: vs the fair twin 1.30x / 1.30x / 1.56x (**slower**); vs "
+        "eqx.filter_jit 0.30x / 0.30x / 0.30x (**faster**)"
+    ) in verdict
+    assert "entries: vs the fair twin's dynamic half 2.00x / 2.00x / 2.40x" in verdict
+    text = "\n".join(report.targets_section(got))
+    assert "the project's own stretch targets" in text
+    assert text.index("stretch targets") < text.index("| target |")

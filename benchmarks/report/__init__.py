@@ -4,8 +4,8 @@ summary, PNG plots and `results.json`, one module per idea:
 - `format`: times, ratios, markdown tables, the baselines' names;
 - `tables`: one table per section of results.json;
 - `targets`: the fixed thresholds and how each section's are judged;
-- `retracing`, `construction`, `scaling`: the tables of those sections (and the
-  targets of the last two);
+- `retracing`, `construction`, `scaling`, `containers`: the tables of those sections
+  (and the targets of the last three);
 - `summary`: the verdict (first) and the summary (last), which read across sections;
 - `plots`: the PNGs;
 - `files`: `results.json` and where results are written;
@@ -19,6 +19,7 @@ The results it reads are typed in `benchmarks.schema`.
 
 from ..schema import NOT_JUDGED
 from .construction import BUILD_TARGETS, construction_section, construction_targets
+from .containers import containers_section, containers_targets
 from .document import render
 from .files import default_out_dir, jsonable, results_dir, write_json
 from .format import (
@@ -48,6 +49,7 @@ from .summary import (
 )
 from .tables import (
     async_section,
+    collector_section,
     first_call_section,
     machine_section,
     overview_section,
@@ -89,8 +91,11 @@ __all__ = [
     "TARGETS_DEPTH",
     "VERDICT_OPS",
     "async_section",
+    "collector_section",
     "construction_section",
     "construction_targets",
+    "containers_section",
+    "containers_targets",
     "default_out_dir",
     "evaluate_targets",
     "first_call_section",

@@ -1,8 +1,10 @@
-"""What the verdict says of one operation (`Claim`), and the rules that sort it: an
-operation is faster (or slower) only where every model's paired ratio says so, its
-interquartile range included."""
+"""What the verdict says of one operation (`Claim`) and of one model kind's dispatch
+(`KindDispatch`), and the rules that sort them: an operation is faster (or slower)
+only where every model's paired ratio says so, its interquartile range included."""
 
 from typing import NamedTuple
+
+from ..schema import Stat
 
 SAME_WITHIN = 1.05  # a ratio within this factor of 1 counts as the same speed
 
@@ -53,3 +55,38 @@ def format_span(values: list[float]) -> str:
     """`1.20x`, or `0.90-1.20x` from the lowest to the highest value."""
     low, high = min(values), max(values)
     return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
+
+
+class KindDispatch(NamedTuple):
+    """The verdict's line for one model kind: its `jax.jit` dispatch ratios against
+    the fair twin and against `eqx.filter_jit` on the unmarked twin, one per size
+    measured (`None`: not measured there), smallest first."""
+
+    what: str
+    sizes: list[str]  # as the line writes them, empty for a model of one size
+    unit: str  # what the sizes count ("entries", "layers")
+    fair: list[Stat | None]
+    filtered: list[Stat | None]
+    fair_name: str = "the fair twin"  # what `fair` is a ratio to, with any mark
+
+
+def _versus(name: str, values: list[Stat | None]) -> str:
+    """`vs <name> 0.90x / 1.20x (**mixed**)`: a ratio per size (`-` where not
+    measured) and where they put the kind (`group_by_speed`)."""
+    measured = [v for v in values if v is not None]
+    if not measured:
+        return f"vs {name} not measured"
+    text = " / ".join("-" if v is None else f"{v['median']:.2f}x" for v in values)
+    group = group_by_speed(
+        [v["median"] for v in measured], [(v["q1"], v["q3"]) for v in measured]
+    )
+    return f"vs {name} {text} (**{group.lower()}**)"
+
+
+def format_kind_dispatch(kind: KindDispatch) -> str:
+    """One line: the kind, its sizes, and both ratios at each size."""
+    where = f", {' / '.join(kind.sizes)} {kind.unit}" if kind.sizes else ""
+    return (
+        f"{kind.what}{where}: {_versus(kind.fair_name, kind.fair)}; "
+        f"{_versus('eqx.filter_jit', kind.filtered)}"
+    )

@@ -6,11 +6,13 @@ from typing import Any
 
 from ..schema import Results
 from .construction import construction_section
+from .containers import containers_section
 from .retracing import retracing_section
 from .scaling import scaling_section
 from .summary import summary_section, verdict_section
 from .tables import (
     async_section,
+    collector_section,
     errors_section,
     first_call_section,
     machine_section,
@@ -44,6 +46,7 @@ PARTS: tuple[tuple[str, Callable[[Any], list[str]]], ...] = (
     ("serialisation", serialisation_section),
     ("real_models", real_models_section),
     ("scaling", scaling_section),
+    ("containers", containers_section),
     ("construction", construction_section),
     ("errors", errors_section),
 )
@@ -52,6 +55,7 @@ PARTS: tuple[tuple[str, Callable[[Any], list[str]]], ...] = (
 def render(results: Results) -> str:
     """The report's markdown, as `results.md` holds and the runner prints it."""
     lines = machine_section(results["machine"])
+    lines += collector_section(results["settings"])
     lines += verdict_section(results)
     shown: dict[str, Any] = dict(results)
     for key, part in PARTS:

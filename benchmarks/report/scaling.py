@@ -1,7 +1,7 @@
 """The scaling section of the report: its tables, its targets, and its verdict lines."""
 
 from ..schema import Results, Scaling, Target
-from .claims import Claim
+from .claims import Claim, KindDispatch
 from .format import fmt_ratio, fmt_stat_us, table
 from .targets import judged_target
 
@@ -28,6 +28,7 @@ def scaling_section(res: Scaling) -> list[str]:
                 [
                     n,
                     *(fmt_ratio(d["ratios"][op], iqr=True) for op in OP_NAMES),
+                    fmt_ratio(d["ratios"].get("dispatch_filter_jit"), iqr=True),
                     f"{d['memory_ratio']:.2f}x",
                     *(
                         f"{fmt_stat_us(d['us'][f'autostatic|{op}'])} / "
@@ -42,7 +43,7 @@ def scaling_section(res: Scaling) -> list[str]:
         lines += table(
             ["layers"]
             + [f"{name} (IQR)" for name in OP_NAMES.values()]
-            + ["memory"]
+            + ["dispatch vs `eqx.filter_jit` (IQR)", "memory"]
             + [f"{name}, µs (ours / twin)" for name in OP_NAMES.values()]
             + ["memory, bytes (ours / twin)"],
             rows,
@@ -51,7 +52,8 @@ def scaling_section(res: Scaling) -> list[str]:
     lines += [
         "Ratios are paired per round (< 1 = faster); the fair twin is the same classes "
         "on `eqx.Module` with every non-array field `eqx.field(static=True)`, under "
-        "plain `jax.jit`. Memory: the Python bytes one model keeps after one flatten "
+        "plain `jax.jit`; dispatch vs `eqx.filter_jit`: against the same classes "
+        "without markers under `eqx.filter_jit` (what Equinox users run). Memory: the Python bytes one model keeps after one flatten "
         "(`tracemalloc`), the arrays made beforehand and shared by both.",
         "",
     ]
@@ -139,3 +141,17 @@ def scaling_claims(res: Scaling) -> list[Claim]:
         )
     )
     return claims
+
+
+def scaling_dispatch(res: Scaling) -> list[KindDispatch]:
+    """Each kind of layer's line of the verdict's dispatch list."""
+    return [
+        KindDispatch(
+            f"an MLP of {KIND_NAMES.get(kind, kind)} layers",
+            [f"{int(n):,}" for n in depths],
+            "layers",
+            [d["ratios"].get("dispatch") for d in depths.values()],
+            [d["ratios"].get("dispatch_filter_jit") for d in depths.values()],
+        )
+        for kind, depths in res["kinds"].items()
+    ]

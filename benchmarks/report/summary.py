@@ -1,7 +1,8 @@
 """The verdict (what a reader sees first: in words, what AutoModule does faster and
-slower than eqx.Module) and the summary (the short table at the end, against both
-baselines, with where we are slower, the retracing differences, checkpoint speed,
-the wall time and the files written).
+slower than eqx.Module, then each model kind's dispatch on a line of its own) and the
+summary (the short table at the end, against both baselines, with where we are
+slower, the retracing differences, checkpoint speed, the wall time and the files
+written).
 
 Both read across sections; the per-section tables are in `tables`.
 """
@@ -18,7 +19,16 @@ from ..schema import (
     Training,
     TreeOpsGroup,
 )
-from .claims import Claim, format_span, group_by_speed, SAME_WITHIN, SPEED_GROUPS
+from .claims import (
+    Claim,
+    format_kind_dispatch,
+    format_span,
+    group_by_speed,
+    KindDispatch,
+    SAME_WITHIN,
+    SPEED_GROUPS,
+)
+from .containers import containers_claims, containers_dispatch
 from .format import (
     AUTO_JIT,
     EQX_FILTER_FILTER,
@@ -29,7 +39,7 @@ from .format import (
     table,
 )
 from .retracing import retrace_text, retrace_verdict
-from .scaling import scaling_claims
+from .scaling import scaling_claims, scaling_dispatch
 from .tables import scale_variants
 from .targets import choose_depth
 
@@ -219,19 +229,70 @@ def collect_verdict_claims(results: Results) -> list[Claim]:
     cons = results.get("construction")
     more = _construction_claims(cons) if cons else []
     scaled = results.get("scaling")
+    held = results.get("containers")
     return (
         ([claim] if claim else [])
         + claims
         + (scaling_claims(scaled) if scaled else [])
+        + (containers_claims(held) if held else [])
         + more
     )
 
 
+def _real_dispatch(real: RealModels) -> list[KindDispatch]:
+    """Each real model's line of the verdict's dispatch list (one size each)."""
+    kinds = []
+    for model, res in real["models"].items():
+        fair, mark = find_fair_twin_ratio(real, model, "dispatch")
+        filtered = res["ratios"].get("dispatch", {}).get("eqx-filter")
+        name = "the fair twin partitioned once" + mark if mark else "the fair twin"
+        kinds.append(
+            KindDispatch(f"the real model `{model}`", [], "", [fair], [filtered], name)
+        )
+    return kinds
+
+
+def collect_kind_dispatch(results: Results) -> list[KindDispatch]:
+    """Every model kind's dispatch: the containers, the scaling section's layers and
+    the real models, in that order."""
+    held, scaled = results.get("containers"), results.get("scaling")
+    real = results.get("real_models")
+    return (
+        (containers_dispatch(held) if held else [])
+        + (scaling_dispatch(scaled) if scaled else [])
+        + (_real_dispatch(real) if real else [])
+    )
+
+
+def _kind_dispatch_lines(kinds: list[KindDispatch]) -> list[str]:
+    """The dispatch list: a line per model kind, so that no span hides a slow one."""
+    if not kinds:
+        return []
+    lines = [
+        "",
+        "A `jax.jit` call's dispatch, model kind by model kind (time ratios of "
+        "AutoModule, one per size measured, smallest first; the word in bold is where "
+        "the ratios put the kind):",
+        "",
+    ]
+    lines += [f"* {format_kind_dispatch(kind)}" for kind in kinds]
+    if any(PARTITIONED_MARK in kind.fair_name for kind in kinds):
+        lines += [
+            "",
+            f"{PARTITIONED_MARK}: plain `jax.jit` refuses the fair twin (a function "
+            "field Equinox does not mark static), so against it partitioned once by "
+            "`eqx.partition`, `jax.jit` over its arrays.",
+        ]
+    return lines
+
+
 def verdict_section(results: Results) -> list[str]:
     """The first thing a reader sees: in words, what AutoModule does faster and
-    slower than eqx.Module, by how much, where, and when switching pays."""
+    slower than eqx.Module, by how much, where, each model kind's dispatch, and when
+    switching pays."""
     claims = collect_verdict_claims(results)
-    if not claims:
+    kinds = collect_kind_dispatch(results)
+    if not claims and not kinds:
         return []
     groups: dict[str, list[str]] = {}
     for claim in claims:
@@ -254,6 +315,7 @@ def verdict_section(results: Results) -> list[str]:
         if group in groups:
             lines.append(f"* **{group}**")
             lines += [f"  * {entry}" for entry in groups[group]]
+    lines += _kind_dispatch_lines(kinds)
     lines += [
         "",
         f"The same: within {SAME_WITHIN:.2f}x of 1 on every model; mixed: faster on "

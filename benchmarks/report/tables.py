@@ -1,10 +1,12 @@
 """The report's detail tables: one function per section of `results.json`, each
 returning markdown lines (the targets' own table included).
 
-The retracing, construction and scaling sections have modules of their own
-(`retracing`, `construction`, `scaling`); the verdict and the summary, which read
-across sections, are in `summary`.
+The retracing, construction, scaling and containers sections have modules of their
+own (`retracing`, `construction`, `scaling`, `containers`); the verdict and the
+summary, which read across sections, are in `summary`.
 """
+
+from typing import Any
 
 from .. import models as M
 from ..schema import (
@@ -52,6 +54,25 @@ def machine_section(machine: Machine) -> list[str]:
         f"`{machine['device_kind']}` x{machine['device_count']}; {versions}.",
         "",
     ]
+
+
+def collector_section(settings: dict[str, Any]) -> list[str]:
+    """Whether the run timed with the garbage collector on (nothing for results made
+    before `--gc-off` existed)."""
+    if "gc_off" not in settings:
+        return []
+    if settings["gc_off"]:
+        text = (
+            "Timed with the garbage collector off (`--gc-off`): the collections the "
+            "timed code's allocations trigger are not counted."
+        )
+    else:
+        text = (
+            "Timed with the garbage collector on, as users run: the collections the "
+            "timed code's allocations trigger are counted (the heap made before "
+            "timing is frozen, and a collection runs between rounds)."
+        )
+    return [text, ""]
 
 
 # --------------------------------------------------------------------------------------
@@ -365,8 +386,19 @@ def serialisation_section(ser: Serialisation) -> list[str]:
 
 
 def targets_section(targets: list[Target]) -> list[str]:
-    """Every target with its status, measurement and note."""
-    lines = ["### Targets", ""]
+    """What the targets are, then every target with its status, measurement and
+    note."""
+    lines = [
+        "### Targets",
+        "",
+        "These are the project's own stretch targets: thresholds set by the project to "
+        "judge its own design, not promises to users and not a comparison every model "
+        "must win. A MISSED row says the design did not reach its aim on that row, "
+        "with the measured value beside it. What a user should read is the ratio "
+        "columns of the tables (below 1 is faster than the baseline the column names) "
+        "and the verdict's line for each model kind.",
+        "",
+    ]
     rows = [
         [t["target"], t["where"], f"**{t['status']}**", t["detail"], t["note"]]
         for t in targets

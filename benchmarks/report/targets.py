@@ -4,8 +4,9 @@ Each section of results.json has one rule (`TARGET_RULES`) that reads its
 measurements and states its targets; `evaluate_targets` judges them all, the
 checkpoint benchmark's included (it only measures them). A target that cannot be
 evaluated is N/A with the reason; a row marked `(info)` is shown beside a target for
-information and is not one of the stated targets. The scaling and construction rules
-are in their sections' modules (`scaling`, `construction`), which build on this one.
+information and is not one of the stated targets. The scaling, containers and
+construction rules are in their sections' modules (`scaling`, `containers`,
+`construction`), which build on this one.
 """
 
 from collections.abc import Callable, Collection, Iterable
@@ -510,6 +511,7 @@ def real_models_targets(real: RealModels | None) -> list[Target]:
 # Each section's rule, in the order the targets are listed.
 TARGET_RULES: dict[str, Callable[[Results], list[Target]]] = {
     "scaling": lambda results: _scaling_targets(results),
+    "containers": lambda results: _containers_targets(results),
     "tree_ops": tree_ops_targets,
     "retracing": retracing_targets,
     "first_call": first_call_targets,
@@ -533,6 +535,12 @@ def _scaling_targets(results: Results) -> list[Target]:
     from .scaling import scaling_targets  # the scaling report builds on this module
 
     return scaling_targets(results)
+
+
+def _containers_targets(results: Results) -> list[Target]:
+    from .containers import containers_targets  # builds on this module too
+
+    return containers_targets(results)
 
 
 def _construction_targets(results: Results) -> list[Target]:
