@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -31,13 +32,21 @@ import equinox as eqx
 
 
 class CarrierBase:
-    """The slots of every carrier: its layer's `(children, aux)`, and the layer
-    (named apart from every layer's fields, which the carrier class reads through)."""
+    """The slots of every carrier: its layer's children and aux, and the layer
+    (named apart from every layer's fields, which the carrier class reads through).
+    Two slots, not one `(children, aux)` pair: one object fewer per layer for the
+    collector, in a flatten that makes a carrier of every layer at once."""
 
-    __slots__ = ("_autostatic_flat", "_autostatic_layer", "__weakref__")
+    __slots__ = (
+        "_autostatic_children",
+        "_autostatic_aux",
+        "_autostatic_layer",
+        "__weakref__",
+    )
 
 
-get_flat: Final = CarrierBase._autostatic_flat.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
+# A carrier's node, `(children, aux)`, read in C: its registered flatten.
+get_flat: Final = operator.attrgetter("_autostatic_children", "_autostatic_aux")
 get_layer: Final = CarrierBase._autostatic_layer.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 
 # Each carrier class, and the layer class it stands for.
@@ -83,7 +92,7 @@ def layer_of(x: Any) -> Any:
 
 def new_carrier(carrier_cls: type, flat: tuple[Any, Any], layer: Any) -> Any:
     carrier = object.__new__(carrier_cls)
-    carrier._autostatic_flat = flat
+    carrier._autostatic_children, carrier._autostatic_aux = flat
     carrier._autostatic_layer = layer
     return carrier
 

@@ -59,7 +59,8 @@ if surgeries[0] and in_surgery():
 # carrier (`_carriers`) at once.
 _CARRIER_FINISH: Final = """\
 carrier = new(carrier_class)
-        carrier._autostatic_flat = {children}, {aux}
+        carrier._autostatic_children = {children}
+        carrier._autostatic_aux = {aux}
         carrier._autostatic_layer = self
         return carrier"""
 
@@ -113,8 +114,11 @@ _CHILDREN: Final = {
     CHILD: "{v}",
     TREE: "{v}",
     CARRIED: "carried[{t}]({v})",
-    LAYERS: "{t}(map(carried[{s}.pop()] if len({s}) == 1 else carry, {v}))",
+    LAYERS: "stack_of({v}, {s})",
 }
+# The modes of the fields of a layer class whose carriers `stack` makes: children
+# taken as they are and static values, no layer inside.
+STACKED: Final = frozenset({CHILD, KEPT, FLOAT, HELD, SEQUENCE})
 # The same in a surgery (`_carriers.layers_as_nodes`): the layers as they are.
 _AS_NODES: Final = {**_CHILDREN, CARRIED: "{v}", LAYERS: "{v}"}
 _ENTRIES: Final = {
@@ -143,8 +147,7 @@ def fast_flatten(
     exactly `types`, each field taken as its mode says (`CHILD` ... `LAYERS`; the
     items of a sequence or of layers checked too), the static entries after the plan
     `namespace["plan"]`. `namespace` holds the names the code reads: `templates`,
-    `general`, `read`, `plan`, `aux` (the aux of a node without entries), `get_dict`
-    (the `__dict__` of an instance whose class has a Python `__getattribute__`),
+    `general`, `read`, `plan`, `aux` (the aux of a node without entries),
     `raw` (the item types of a sequence), `as_is` and `child_types` (both
     `_leaves.as_is_types`, named apart so that each check can be measured without
     the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carry`
@@ -172,7 +175,7 @@ def fast_flatten(
         children=[n for n, m in zip(names, modes) if m in _CHILDREN or m == ITEMS],
         entries=[n for n, m in zip(names, modes) if m in _ENTRIES or m == ITEMS],
         unpack="".join(f"v{i}, " for i in range(len(names))),
-        dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
+        dict_of_self="self.__dict__" if direct else "dict_of(self)",
         checks=" and ".join(checks),
         finish=finish.format(
             children=_children_tuple(children, modes),
@@ -180,13 +183,123 @@ def fast_flatten(
             aux=aux,
         ),
     )
-    scope = {**namespace, **{f"t{i}": t for i, t in enumerate(types)}}
+    scope = {
+        **namespace,
+        "dict_of": dict_getter(owner),
+        **{f"t{i}": t for i, t in enumerate(types)},
+    }
     for i, kinds in (items or {}).items():
         scope[f"m{i}"] = tuple(t for _, t in kinds)
         statics = [k for k, (kind, _) in enumerate(kinds) if kind == ITEM_STATIC]
         scope[f"p{i}"] = tuple(statics)
         scope[f"h{i}"] = tuple(kinds[k][1] for k in statics)
     return _compiled(owner, source, scope)
+
+
+def dict_getter(owner: type) -> Callable[[Any], dict[str, Any]]:
+    """What reads an instance's `__dict__` in one C call: the getter of the slot
+    Python keeps it in, past a `__getattribute__` written in Python (Equinox's)."""
+    for klass in owner.__mro__:
+        descriptor = vars(klass).get("__dict__")
+        if descriptor is not None and hasattr(descriptor, "__get__"):
+            return descriptor.__get__
+    return lambda obj: object.__getattribute__(obj, "__dict__")
+
+
+_STACK_TEMPLATE: Final = '''\
+def stack(items):
+    """The carriers of a list or tuple of {qualname} layers whose fields hold {types},
+    made in one loop; a layer whose static values {entries} are the very objects of
+    the layer before it shares its aux. Any other layer is made by `one`."""
+    out = []
+    append = out.append
+{start}    for self in items:
+        if templates and id(self) in templates:
+            append(one(self))
+            continue
+        try:
+            values = read({dict_of_self})
+        except KeyError:
+            append(one(self))
+            continue
+        {unpack} = values
+        if not ({child_checks}):
+            append(one(self))
+            continue
+{entries_code}        carrier = new(carrier_class)
+        carrier._autostatic_children = {children}
+        carrier._autostatic_aux = aux
+        carrier._autostatic_layer = self
+        append(carrier)
+    return out
+'''
+
+# How the loop of `stack` finds a layer's aux: that of the layer before where its
+# static values are the same objects, else made and checked.
+_STACK_ENTRIES: Final = """\
+        if not ({same}):
+            if not ({checks}):
+                append(one(self))
+                continue
+            {last} = {values}
+            aux = {aux}
+"""
+
+
+def fast_stack(
+    owner: type,
+    names: tuple[str, ...],
+    types: tuple[type, ...],
+    modes: tuple[str, ...],
+    namespace: dict[str, Any],
+) -> Callable[[Any], list[Any]]:
+    """The carriers of a list or tuple of `owner` layers (fields `names`, of modes
+    in `STACKED`), as `fast_flatten` with `carrier` makes each, in one loop.
+    `namespace` is `fast_flatten`'s, and `one`: the maker of one layer's carrier."""
+    children, entries, _ = _fields_code(types, modes, {})
+    child_checks, entry_checks, same, last, values = [], [], [], [], []
+    for i, mode in enumerate(modes):
+        n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
+        if mode == CHILD:
+            child_checks.append(f"(type(v{i}) is t{i} or type(v{i}) in child_types)")
+            continue
+        entry_checks.append(f"type(v{i}) is t{i}")
+        if mode in _CHECKS:
+            entry_checks.append(_CHECKS[mode].format(**n))
+        same.append(f"v{i} is p{i}")
+        last.append(f"p{i}")
+        values.append(f"v{i}")
+    direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
+    aux = f"(plan, {', '.join(entries)})" if entries else "(plan,)"
+    if entries:
+        start = f"    {', '.join(last)}, = {'missing, ' * len(last)}\n    aux = None\n"
+        entries_code = _STACK_ENTRIES.format(
+            same=" and ".join(same),
+            checks=" and ".join(entry_checks),
+            last=", ".join(last) + ",",
+            values=", ".join(values) + ",",
+            aux=aux,
+        )
+    else:
+        start, entries_code = f"    aux = {aux}\n", ""
+    source = _STACK_TEMPLATE.format(
+        qualname=owner.__qualname__,
+        types=", ".join(t.__qualname__ for t in types),
+        entries=[n for n, m in zip(names, modes) if m != CHILD],
+        start=start,
+        dict_of_self="self.__dict__" if direct else "dict_of(self)",
+        unpack="".join(f"v{i}, " for i in range(len(names))),
+        child_checks=" and ".join(child_checks) or "True",
+        entries_code=entries_code,
+        children="(" + "".join(f"{c}, " for c in children) + ")",
+    )
+    scope = {
+        **namespace,
+        "missing": object(),
+        "dict_of": dict_getter(owner),
+        **{f"t{i}": t for i, t in enumerate(types)},
+    }
+    return _compiled(owner, source, scope, "stack")
 
 
 def _children_tuple(children: list[str], modes: tuple[str, ...]) -> str:
@@ -311,7 +424,7 @@ def fast_unflatten(
         children=[n for n, k in zip(plan.names, plan.kinds) if k != 1],
         entries=list(plan.entry_names),
         unpack="".join(f"{v}, " for v in children) or "()",
-        dict_of_self="self.__dict__" if direct else "get_dict(self, '__dict__')",
+        dict_of_self="self.__dict__" if direct else "dict_of(self)",
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
         note=(
@@ -320,5 +433,5 @@ def fast_unflatten(
             else ""
         ),
     )
-    scope = {**namespace, "plan": plan, "get_dict": object.__getattribute__}
+    scope = {**namespace, "plan": plan, "dict_of": dict_getter(owner)}
     return _compiled(owner, source, scope, "unflatten")

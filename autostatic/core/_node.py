@@ -35,6 +35,7 @@ from ._generated import (
     CHILD as CHILD_MODE,
     dispatcher,
     fast_flatten,
+    fast_stack,
     fast_unflatten,
     FLOAT,
     HELD,
@@ -46,6 +47,7 @@ from ._generated import (
     LAYERS,
     SEQUENCE,
     specialise,
+    STACKED,
     TREE,
     unflatten_dispatcher,
 )
@@ -131,7 +133,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "read": spec.read,
         "plan": plan,
         "aux": (plan,),
-        "get_dict": _object_getattribute,
         "raw": RAW,
         "as_is": as_is_types,
         "leaf_types": leaf_types,
@@ -140,6 +141,7 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "hold": hold,
         "carry": to_carrier,
         "carried": _carried,
+        "stack_of": stack_of,
         "flat_holes": FlatHoles,
         "surgeries": surgeries,
         "in_surgery": in_surgery,
@@ -153,6 +155,11 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
             spec.owner, spec.names, types, modes, namespace, True, items
         )
         _carried[spec.owner] = fast
+        if STACKED.issuperset(modes):
+            stack = fast_stack(
+                spec.owner, spec.names, types, modes, {**namespace, "one": fast}
+            )
+            _stacks[spec.owner] = stack
         return
     namespace["general"] = spec.general_flatten
     fast = fast_flatten(spec.owner, spec.names, types, modes, namespace, False, items)
@@ -346,8 +353,18 @@ def to_carrier(x: Any) -> Any:
     return _carried.setdefault(type(x), make)(x)
 
 
-# Per carried layer class (a few `eqx.nn` classes): what makes a layer's carrier.
+# Per carried layer class (a few `eqx.nn` classes): what makes a layer's carrier,
+# and for a class whose layers hold no layer, the carriers of a list of them.
 _carried: dict[type, Callable[[Any], Any]] = {}
+_stacks: dict[type, Callable[[Any], list[Any]]] = {}
+
+
+def stack_of(items: Any, types: set[type]) -> Any:
+    """The carriers of the list or tuple `items` of layers (of `types`), in a
+    container of its type."""
+    stack = _stacks.get(next(iter(types))) if len(types) == 1 else None
+    made = stack(items) if stack is not None else list(map(to_carrier, items))
+    return made if type(items) is list else tuple(made)
 
 
 def _register_carrier(carrier: type, layer_class: type) -> None:

@@ -11,6 +11,7 @@ set as a frozen copy (`SetValue`). `natural` gives the value back.
 import copy
 import dataclasses
 import functools
+import math
 import operator
 import struct
 import types
@@ -360,11 +361,18 @@ def _exact_form(leaf: Any) -> Any:
     """The leaf as held where `==` alone would not compare it exactly: a float or
     complex zero or NaN as an `ExactFloat`, a jaxpr as a `SameProgram`; else itself."""
     kind = type(leaf)
+    if kind is float and leaf == 0:  # a dropout rate of 0.0, in every layer
+        return _POSITIVE_ZERO if math.copysign(1.0, leaf) > 0 else _NEGATIVE_ZERO
     if (kind is float or kind is complex) and needs_exact_float(leaf):
         return ExactFloat(leaf)
     if kind is Jaxpr:
         return SameProgram(leaf)
     return leaf
+
+
+# The held forms of the two float zeros, made once.
+_POSITIVE_ZERO: Final = ExactFloat(0.0)
+_NEGATIVE_ZERO: Final = ExactFloat(-0.0)
 
 
 def _compares_in_python(value: Any) -> bool:
