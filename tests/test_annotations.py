@@ -93,7 +93,10 @@ def test_number_leaves_need_no_retrace_and_sizes_stay_static():
         (jax.ShapeDtypeStruct, False),
         (PyTree[jax.ShapeDtypeStruct], False),
         (eqx.nn.Linear, True),  # a module class: a number there stands for a subtree
-        (PyTree, False),  # any data (diffrax's `args`): a number may be a size
+        (PyTree, True),  # any tree: a number there is a leaf, as an axis tree needs
+        (PyTree | None, True),
+        (Optional[PyTree], True),  # noqa: UP045  # as libraries write it
+        (PyTree[Any], True),
         ("tuple[int, ...]", False),
         (_State, True),  # a generic class's slot for its user's data
         (TypeVar("_Size", bound=int), False),
@@ -334,3 +337,44 @@ def test_a_number_in_a_held_layer_is_static_whatever_its_annotation(pool):
     keys = jax.random.split(jax.random.key(1), 3)
     ensemble = jax.vmap(lambda k: build(asx.AutoModule, k))(keys)
     assert jax.vmap(lambda m: m(x))(ensemble).shape == (3,)
+
+
+class _Result(asx.AutoModule):
+    value: Array
+    stats: dict
+    state: PyTree
+    infos: PyTree | None
+
+
+class _EqxResult(eqx.Module):
+    value: Array
+    stats: dict
+    state: PyTree
+    infos: PyTree | None
+
+
+@pytest.mark.parametrize("cls", [_Result, _EqxResult], ids=["AutoModule", "eqx.Module"])
+def test_a_library_axis_tree_in_pytree_fields_batches_as_in_eqx_module(cls):
+    # A library builds its `out_axes` as `Result(0, {}, 0, 0)`: in fields annotated
+    # `PyTree` the `0`s are leaves, so the axis tree matches the output's structure.
+    def solve(x):
+        return cls(x * 2, {}, x + 1, {"steps": x - 1})
+
+    out = jax.vmap(solve, out_axes=cls(0, {}, 0, 0))(jnp.arange(3.0))
+    assert out.state.tolist() == [1.0, 2.0, 3.0]
+    assert out.infos["steps"].tolist() == [-1.0, 0.0, 1.0]
+
+
+class _Counted(asx.AutoModule):
+    value: Array
+    count: int  # static: a Python number here is a size
+
+
+def test_an_axis_tree_that_does_not_match_is_reported_naming_the_field():
+    # JAX's report of the mismatch reads a `key` of every key in the key paths; with
+    # Equinox's `GetAttrKey` it raised AttributeError instead of the report.
+    def solve(x):
+        return _Counted(x, jnp.round(x).astype(int))  # a traced count: a child
+
+    with pytest.raises(ValueError, match=r"(?s)different numbers of pytree.*\bcount\b"):
+        jax.vmap(solve, out_axes=_Counted(0, 0))(jnp.arange(3.0))

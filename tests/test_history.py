@@ -18,9 +18,9 @@ def _seen(order: list[str]) -> dict:
         [sys.executable, str(SCRIPT), "|".join(order)],
         capture_output=True,
         text=True,
-        check=True,
         timeout=300,
     )
+    assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 

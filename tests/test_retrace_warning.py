@@ -1,6 +1,7 @@
 """Retraces nobody asked for are reported: a static number traced with several values
 of one field warns once, naming Class.field and the fix."""
 
+import re
 import warnings
 from collections.abc import Callable
 
@@ -198,3 +199,55 @@ def test_the_current_trace_is_the_one_jax_gives():
     jax.vmap(f)(jnp.ones(2))
     assert seen == [True, True]
     assert _compat.trace_state.value is find_top_trace(())
+
+
+class IntCounter(asx.AutoModule):
+    w: jax.Array
+    step: int
+
+
+def _bumped(where: str, jit: Callable) -> Callable:
+    """A training step that bumps the counter, in or after the jitted function."""
+    if where == "inside":
+        return jit(lambda m: asx.tree_at(lambda m: m.step, m, m.step + 1))
+    jitted = jit(lambda m: m)
+    return lambda m: asx.tree_at(lambda m: m.step, jitted(m), m.step + 1)
+
+
+@pytest.mark.parametrize(
+    "jit", [jax.jit, eqx.filter_jit], ids=["jax.jit", "filter_jit"]
+)
+@pytest.mark.parametrize("where", ["inside", "outside"])
+def test_an_int_counter_bumped_each_step_is_reported_as_a_static_int(where, jit):
+    step = _bumped(where, jit)
+    model = IntCounter(jnp.ones(2), 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            model = step(model)
+    retraces = [w for w in caught if issubclass(w.category, asx.RetraceWarning)]
+    assert len(retraces) == 1
+    message = str(retraces[0].message)
+    found = re.search(
+        r"IntCounter.step has been traced with (\d+) different values \((.*?)\)",
+        message,
+    )
+    assert found is not None, message
+    assert found[2] == ", ".join(map(str, range(int(found[1]))))  # each value counted
+    assert "static Python int" in message
+    assert 'step: Int[ArrayLike, ""]' in message and "jnp.asarray(0)" in message
+    assert "annotated to hold arrays" not in message
+    assert "filter_jit" not in message
+
+
+def test_a_warning_counts_the_values_it_lists():
+    asx.warn_on_retrace(12)
+    f = jax.jit(lambda m: m.w * m.step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(12):
+            f(IntCounter(jnp.ones(2), n))
+    (warning,) = [w for w in caught if issubclass(w.category, asx.RetraceWarning)]
+    assert "12 different values (0, 1, 2, 3, 4, 5, 6, 7, and 4 more)" in str(
+        warning.message
+    )

@@ -4,8 +4,8 @@ Values alone cannot tell a size (`hidden = 32`, static) from the first value of 
 state (`num_steps = 0`, which a `lax.while_loop` body replaces by an array, so it must
 be a leaf, as in an `eqx.Module`). Annotations can: a field whose annotation admits an
 array (`jax.Array`, `np.ndarray`, `jax.typing.ArrayLike`, jaxtyping's
-`Int[ArrayLike, ""]`, a union or `PyTree[...]` with one of them, a module class, or
-a type variable not bound to other types)
+`Int[ArrayLike, ""]`, its `PyTree` bare or of `Any`, a union or `PyTree[...]` with
+one of them, a module class, or a type variable not bound to other types)
 holds array values, so Python numbers and `jax.ShapeDtypeStruct`s in it stand for
 arrays (or, for a module class, for a subtree of them) and are leaves.
 An `int`, `float`, `Any`-annotated or unannotated field keeps them static. A numpy
@@ -22,6 +22,7 @@ from typing import Any, Final
 import equinox as eqx
 import jax
 import numpy as np
+from jaxtyping import PyTree
 
 # What a string annotation that cannot be evaluated (a name imported only for type
 # checkers) is read by: array types by their usual names.
@@ -46,6 +47,42 @@ def number_fields(cls: type, names: tuple[str, ...]) -> tuple[bool, ...]:
 
 
 _NUMBER_TYPES: Final = (bool, int, float, complex)
+# What a field annotated as a Python value (no array admitted) may name.
+_PYTHON_TYPES: Final = (*_NUMBER_TYPES, str, list, tuple, dict, set, frozenset)
+
+
+def python_fields(cls: type, names: tuple[str, ...]) -> tuple[str | None, ...]:
+    """Per field `names` of the dataclass `cls`, its annotation's text where it names
+    only Python values (`int`, `list`, `tuple[int, ...]`, `dict[str, float] | None`):
+    an array there is no size or flag; else None."""
+    declared = cls.__dataclass_fields__  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
+    out = []
+    for name in names:
+        annotation = _resolve(cls, declared[name].type)
+        out.append(_text(annotation) if _only_python(annotation) else None)
+    return tuple(out)
+
+
+def _only_python(annotation: Any, depth: int = 0) -> bool:
+    if depth > 8:
+        return False
+    if annotation is type(None):
+        return True
+    if isinstance(annotation, type):
+        return annotation in _PYTHON_TYPES
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or isinstance(annotation, types.UnionType):
+        return all(_only_python(a, depth + 1) for a in typing.get_args(annotation))
+    if origin in _PYTHON_TYPES:
+        return all(
+            a is Ellipsis or _only_python(a, depth + 1)
+            for a in typing.get_args(annotation)
+        )
+    return False
+
+
+def _text(annotation: Any) -> str:
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
 
 
 def _only_numbers(annotation: Any) -> bool:
@@ -90,8 +127,10 @@ def _admits_array(annotation: Any, depth: int = 0) -> bool:
             return True
         leaftype = getattr(annotation, "leaftype", None)
         if leaftype is not None:
-            return _admits_array(leaftype, depth + 1)
-        return False
+            return leaftype is Any or _admits_array(leaftype, depth + 1)
+        # jaxtyping's bare `PyTree`, any tree: a number there is a leaf, as a
+        # library's axis tree (`out_axes=Result(None, 0)`) needs.
+        return annotation is PyTree
     if isinstance(annotation, typing.TypeVar):
         # A generic class's slot for its user's data (diffrax's controller state,
         # optimistix's `Y`, `Aux` and solver states): unbound, it admits an array.

@@ -31,6 +31,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
+import numpy as np
 from jax.core import Tracer
 
 from .. import _compat
@@ -310,6 +311,32 @@ def check_numpy_number(cls: type, name: str, value: Any) -> None:
         f"({python}(...), or math.prod for a product); if it should be traced, "
         "annotate the field as an array.",
     )
+
+
+def check_array_for_python_value(
+    cls: type, name: str, value: Any, annotation: str
+) -> None:
+    """Warns of an array in a field annotated as a Python value (`sizes: list`,
+    `n: int`): an array is always a traced leaf, so one used as a size or shape
+    fails under `jax.jit`, with JAX's error naming no field."""
+    if not isinstance(value, (jax.Array, np.ndarray)) or isinstance(value, Tracer):
+        return
+    where = f"{cls.__qualname__}.{name}"
+    warn_once(
+        ("array as a Python value", cls.__qualname__, str(id(cls)), name),
+        f"{where} is annotated `{annotation}` but holds an array "
+        f"({type(value).__name__} of shape {value.shape}): an array is always a "
+        "traced leaf under jax.jit, so using it as a size or a shape fails there "
+        "(a ConcretizationTypeError). If these are sizes or other hyperparameters, "
+        f"store Python values ({_as_python(value)}); if it should be traced, "
+        "annotate the field as an array.",
+    )
+
+
+def _as_python(value: Any) -> str:
+    if value.size <= 16:
+        return f"`{value.tolist()!r}`, its `.tolist()`"
+    return "its `.tolist()`"
 
 
 # Item categories with nothing to check in a flat list (but a module holding itself,

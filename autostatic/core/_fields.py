@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from ._annotations import array_fields, number_fields
+from ._annotations import array_fields, number_fields, python_fields
 from ._carriers import is_carried_class
 
 _SPEC: Final = "_autostatic_fields"  # the class attribute holding its `FieldSpec`
@@ -32,6 +32,7 @@ class FieldSpec:
         "plans",
         "_array_fields",
         "_number_fields",
+        "_python_fields",
         "flatten",
         "general_flatten",
         "specialised",
@@ -43,12 +44,13 @@ class FieldSpec:
         self.owner = owner
         self.names = tuple(f.name for f in fields)
         self.declared_static = tuple(bool(f.metadata.get("static")) for f in fields)
-        self.keys = tuple(jtu.GetAttrKey(n) for n in self.names)
+        self.keys = tuple(FieldKey(n) for n in self.names)
         self.read = _reader(self.names)
         self.signatures: dict[tuple[type, ...], Any] = {}
         self.plans: dict[Any, Any] = {}
         self._array_fields: tuple[bool, ...] | None = None
         self._number_fields: tuple[bool, ...] | None = None
+        self._python_fields: tuple[str | None, ...] | None = None
         # The class's flatten now, and the one that takes any instance: set by
         # `_plan.install_flatten`.
         self.flatten: Callable[[Any], Any] = _no_flatten
@@ -82,11 +84,33 @@ class FieldSpec:
             found = self._number_fields = number_fields(self.owner, self.names)
         return found
 
+    @property
+    def python_fields(self) -> tuple[str | None, ...]:
+        """Per field, its annotation where it admits only Python values (numbers,
+        strings, containers of them), else None (resolved as `array_fields` is)."""
+        found = self._python_fields
+        if found is None:
+            found = self._python_fields = python_fields(self.owner, self.names)
+        return found
+
     def __reduce__(self) -> tuple[Any, ...]:
         # As the live class's own: cloudpickle pickles a class defined in a script or
         # notebook by value, and loading it in the same process sets every attribute
         # of the live class again.
         return (fields_of, (self.owner,))
+
+
+class FieldKey(jtu.GetAttrKey):
+    """The key of a field's child in a key path: a `GetAttrKey`, equal to Equinox's
+    and printed as it, with the `key` JAX's report of a prefix tree that does not
+    match reads of every key (there, a `GetAttrKey` raises AttributeError, and a
+    static field of an AutoModule makes that report)."""
+
+    __slots__ = ()
+
+    @property
+    def key(self) -> str:
+        return self.name
 
 
 def _no_flatten(obj: Any) -> Any:

@@ -24,7 +24,12 @@ from .._compat import (
 from . import _fields, _node
 from ._bound_method import BoundMethod, MethodDescriptor, same_leaves, wraps_as_method
 from ._carriers import is_carried_class, is_carrier_class, layer_of
-from ._checks import check_acyclic, check_field, check_numpy_number
+from ._checks import (
+    check_acyclic,
+    check_array_for_python_value,
+    check_field,
+    check_numpy_number,
+)
 from ._leaves import set_class_tests, stops
 from ._templates import restore_template, template_state
 
@@ -98,8 +103,8 @@ def _finish(obj: Any) -> None:
     cls = type(obj)
     spec = _fields.fields_of(cls)
     attrs = object.__getattribute__(obj, "__dict__")
-    for name, declared_static, number in zip(
-        spec.names, spec.declared_static, spec.number_fields
+    for name, declared_static, number, python in zip(
+        spec.names, spec.declared_static, spec.number_fields, spec.python_fields
     ):
         if name not in attrs:
             value = _default(cls, name)
@@ -109,6 +114,8 @@ def _finish(obj: Any) -> None:
         value = attrs[name]
         if number and isinstance(value, np.generic):
             check_numpy_number(cls, name, value)
+        elif python is not None:
+            check_array_for_python_value(cls, name, value, python)
         if check_field(obj, name, value, declared_static):  # it holds carriers
             attrs[name] = jtu.tree_map(layer_of, value, is_leaf=stops)
 

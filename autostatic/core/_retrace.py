@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from .._compat import trace_state
 from ._checks import warn_once
+from ._fields import fields_of
 from ._split import STATIC, value_of
 from ._static import static_key
 
@@ -103,15 +104,17 @@ def _note(cls: type, aux: Any, trace: Any) -> None:
 
 
 def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
-    """Called while tracing by the unflatten of a template: a Python number that is a
-    field's child (the field is annotated to hold arrays) was held static by the
-    caller, as `eqx.filter_jit` holds every non-array leaf, where `jax.jit` would
-    trace it. Its values are counted as a static field's."""
-    if _after is None:
+    """Called while tracing by the unflatten of a template: a Python number that is
+    the child of a field annotated to hold arrays was held static by the caller, as
+    `eqx.filter_jit` holds every non-array leaf, where `jax.jit` would trace it. Its
+    values are counted as a static field's. (The exposed form, every field a child,
+    holds numbers that are static in the model: not counted here.)"""
+    if _after is None or plan.exposed:
         return
+    array_fields = dict(zip(plan.names, fields_of(cls).array_fields))
     names = (name for name, kind in zip(plan.names, plan.kinds) if kind != STATIC)
     for name, child in zip(names, children):
-        if type(child) in COUNTED_TYPES:
+        if type(child) in COUNTED_TYPES and array_fields[name]:
             _count(cls, name, child, trace_state.value, _held_message)
 
 
@@ -141,24 +144,39 @@ def _count(cls: type, name: str, value: Any, trace: Any, message: Any) -> None:
         )
 
 
-def _held_message(cls: type, name: str, count: int, values: list[Any]) -> str:
+def _listed(count: int, values: list[Any]) -> str:
+    """The values shown, and how many more there were."""
     shown = ", ".join(map(repr, values[:_KEPT]))
+    more = count - min(len(values), _KEPT)
+    return f"{shown}, and {more} more" if more > 0 else shown
+
+
+# The annotation that makes a Python number of each type a traced leaf.
+_ARRAY_ANNOTATIONS: Final = {
+    int: 'Int[ArrayLike, ""]',
+    float: 'Float[ArrayLike, ""]',
+    complex: 'Complex[ArrayLike, ""]',
+}
+
+
+def _held_message(cls: type, name: str, count: int, values: list[Any]) -> str:
     return (
         f"{cls.__qualname__}.{name} is annotated to hold arrays, yet has been traced "
-        f"with {count} different Python numbers ({shown}) held static by the caller: "
-        "`eqx.filter_jit` holds every non-array leaf static, so each new value "
-        "compiles anew. Call through `jax.jit`, which traces it, or store it as an "
-        f"array (`jnp.asarray({values[0]!r})`)."
+        f"with {count} different Python numbers ({_listed(count, values)}) held "
+        "static by the caller, as `eqx.filter_jit` holds every leaf that is no "
+        "array: each new value compiles anew. Call through `jax.jit`, which traces "
+        f"it, or store it as an array (`jnp.asarray({values[0]!r})`)."
     )
 
 
 def _message(cls: type, name: str, count: int, values: list[Any]) -> str:
-    where = f"{cls.__qualname__}.{name}"
-    shown = ", ".join(map(repr, values[:_KEPT]))
+    kind = type(values[0])
     return (
-        f"{where} has been traced with {count} different values ({shown}): it "
-        "is a static Python number, so each new value compiles anew. If it changes "
-        f"between calls, annotate the field as an array (`{name}: float | jax.Array`) "
-        f"or convert it (`{name}: jax.Array = eqx.field(converter=jnp.asarray)`), "
-        "so that it is a traced leaf."
+        f"{cls.__qualname__}.{name} has been traced with {count} different values "
+        f"({_listed(count, values)}): it is a static Python {kind.__name__}, so each "
+        "new value compiles anew. If it changes between calls, make it a traced "
+        "leaf: annotate the field as an array (jaxtyping's "
+        f"`{name}: {_ARRAY_ANNOTATIONS[kind]}`, or `{name}: {kind.__name__} | "
+        f"jax.Array`), or store an array (`jnp.asarray({values[0]!r})`, or "
+        f"`{name}: jax.Array = eqx.field(converter=jnp.asarray)`)."
     )
