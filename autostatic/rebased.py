@@ -9,6 +9,8 @@ As a runner of a script or module::
 
     python -m autostatic.rebased [--drop-static-markers] [--no-follow] diffrax script.py ARGS
     python -m autostatic.rebased diffrax -m some.module ARGS
+    python -m autostatic.rebased diffrax,__main__ script.py ARGS   # and its classes
+    python -m autostatic.rebased src/models,net.py script.py ARGS  # by directory, file
 
 (options before the packages: what follows the script or module is its own.)
 
@@ -21,8 +23,12 @@ classes rebased: a rebase that silently did nothing cannot pass for one that wor
 """
 
 import argparse
+import contextlib
 import runpy
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .rebase._rebase import active_rebase, rebase, RebaseError
@@ -35,8 +41,8 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption(
         "--autostatic-rebase",
         default="",
-        help="comma-separated packages or modules, or directories or files of "
-        "modules, whose eqx.Module classes become autostatic.AutoModule subclasses "
+        help=ENTRIES_HELP
+        + " whose eqx.Module classes become autostatic.AutoModule subclasses "
         "(e.g. diffrax,lineax,tests)",
     )
     group.addoption(
@@ -52,6 +58,29 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+# What a rebase may name, as `--help` says it.
+ENTRIES_HELP = (
+    "comma-separated entries, each a package or module (`diffrax`: its submodules "
+    "too), a directory or file of modules, relative to where the run starts "
+    "(`tests`, `src/models/net.py`), or `__main__` (the script run, or a notebook's "
+    "later cells)"
+)
+
+
+def _stop_on_sigterm() -> None:
+    """Makes a SIGTERM (a time limit: `timeout`, a CI job's) stop the run as Ctrl-C
+    does, so that it still ends with its summary; where the signal has no handler
+    of its own and this is the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+
 def _option(config: Any, name: str) -> Any:
     return getattr(config.known_args_namespace, name)
 
@@ -63,6 +92,7 @@ def pytest_load_initial_conftests(early_config: Any, parser: Any, args: Any) -> 
         return
     import pytest
 
+    _stop_on_sigterm()
     try:
         rebase(
             packages.split(","),
@@ -96,15 +126,35 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(installed.summary())
 
 
+_EPILOG = """\
+forms:
+  python -m autostatic.rebased mylib script.py ARGS          a script, mylib rebased
+  python -m autostatic.rebased mylib -m pkg.mod ARGS         a module run as __main__
+  python -m autostatic.rebased mylib,__main__ script.py      the script's classes too
+  python -m autostatic.rebased src/models,net.py script.py   by directory, by file
+  pytest -p autostatic.rebased --autostatic-rebase=mylib,tests
+      [--autostatic-drop-static-markers] [--autostatic-no-follow]
+
+The summary (classes rebased per package) goes to stderr when the run ends, also
+when it is stopped by Ctrl-C or SIGTERM.
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m autostatic.rebased",
-        description="Run a script or module with the eqx.Module classes of PACKAGES "
-        "rebased onto autostatic.AutoModule. Options go before PACKAGES: what "
+        description="Run a script or module with the eqx.Module classes of PACKAGES\n"
+        "rebased onto autostatic.AutoModule. Options go before PACKAGES: what\n"
         "follows the script or module is its own.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("packages", help="comma-separated, e.g. diffrax,lineax")
-    parser.add_argument("--drop-static-markers", action="store_true")
+    parser.add_argument("packages", help=ENTRIES_HELP)
+    parser.add_argument(
+        "--drop-static-markers",
+        action="store_true",
+        help="also remove static=True from their eqx.field(...)s",
+    )
     parser.add_argument(
         "--no-follow",
         action="store_true",
@@ -123,17 +173,32 @@ def main(argv: list[str] | None = None) -> None:
         )
     except RebaseError as err:
         parser.exit(2, f"{err}\n")
-    if args.module:
-        sys.argv = [args.module, *args.target]
-        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(args.target)
-        runpy.run_path(args.target[0], run_name="__main__")
+    _stop_on_sigterm()
+    with _summary_at_the_end(installed):
+        if args.module:
+            sys.argv = [args.module, *args.target]
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args.target)
+            runpy.run_path(args.target[0], run_name="__main__")
     try:
         installed.check()
     except RebaseError as err:
         parser.exit(2, f"{err}\n")
-    print(installed.summary(), file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _summary_at_the_end(installed: Any) -> Iterator[None]:
+    """Prints the rebase's summary when the run ends, however it ends: a run that a
+    time limit stops says what it had rebased by then."""
+    try:
+        yield
+    except BaseException as stop:
+        if not isinstance(stop, SystemExit):
+            print(f"autostatic rebase: the run stopped ({stop!r})", file=sys.stderr)
+        raise
+    finally:
+        print(installed.summary(), file=sys.stderr)
 
 
 if __name__ == "__main__":

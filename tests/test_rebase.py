@@ -379,3 +379,55 @@ def test_a_suite_with_warnings_as_errors_is_told_once_per_class(tmp_path):
     assert "1 rebased class(es) hold values AutoModule warns of" in run.stdout
     assert run.stdout.count("Holder.fn") == 1
     assert "holds an array" in run.stdout
+
+
+def test_the_runner_s_help_shows_every_form_it_takes():
+    run = subprocess.run(
+        [sys.executable, "-m", "autostatic.rebased", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0
+    for form in ("__main__", "directory", "src/models/net.py", "-m pkg.mod", "pytest"):
+        assert form in run.stdout, form
+
+
+def _stopped(command: list[str], root: Path) -> str:
+    """What a run prints when SIGTERM stops it (as a time limit does) mid-way."""
+    process = subprocess.Popen(
+        command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    seen = []
+    for line in process.stdout:  # the run is under way: its test or script started
+        seen.append(line)
+        if "started" in line:
+            break
+    process.terminate()
+    out, _ = process.communicate(timeout=120)
+    return "".join(seen) + out
+
+
+def test_a_run_stopped_by_a_time_limit_still_prints_its_summary(tmp_path):
+    _write_project(tmp_path)
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import time, fakelib\nprint('started', flush=True)\ntime.sleep(600)\n"
+    )
+    runner = [sys.executable, "-m", "autostatic.rebased", "fakelib", str(script)]
+    out = _stopped(runner, tmp_path)
+    assert "the run stopped" in out
+    assert "fakelib: 2 direct eqx.Module subclasses rebased" in out
+
+
+def test_a_suite_stopped_by_a_time_limit_still_prints_its_summary(tmp_path):
+    _write_project(tmp_path)
+    (tmp_path / "fake_tests" / "test_slow.py").write_text(
+        "import time\nimport fakelib\n\ndef test_slow():\n"
+        "    print('started', flush=True)\n    time.sleep(600)\n"
+    )
+    suite = [sys.executable, "-m", "pytest", "-s", "-p", "no:cacheprovider"]
+    suite += ["-p", "autostatic.rebased", "--autostatic-rebase=fakelib,fake_tests"]
+    out = _stopped([*suite, "fake_tests/test_slow.py"], tmp_path)
+    assert "fakelib: 2 direct eqx.Module subclasses rebased" in out
