@@ -5,13 +5,19 @@ by `eqx.tree_at` at any leaf of the twin (an array, or a value static in ours), 
 after every step compared on what JAX and Equinox see.
 
 `tests/test_mutations.py` runs it under pytest with a few hundred examples;
-`python -m tests.mutation_fuzz N` runs N examples and prints the disagreements.
+`python -m tests.mutation_fuzz N` runs N examples and prints the disagreements;
+`--thread` runs examples in a second thread beside them, `--seed S` in another
+order, `--processes K` in K processes at once, each with its own seed.
 """
 
+import argparse
 import functools
 import io
+import random
+import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -309,10 +315,54 @@ def replace_leaf(ours: Any, twin: Any, index: int, new: Any) -> tuple[Any, Any]:
 OPS = ("append", "insert", "pop", "set", "clear", "jit", "tree_map", "tree_at")
 
 
+class Draws:
+    """Where an example's choices come from: a hypothesis `data` object (`draw`), or
+    a `random.Random` (for a second thread, which hypothesis does not serve)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+
+    def integer(self, low: int, high: int) -> int:
+        if isinstance(self.source, random.Random):
+            return self.source.randint(low, high)
+        return self.source.draw(st.integers(low, high))
+
+    def choice(self, options: Any) -> Any:
+        if isinstance(self.source, random.Random):
+            return self.source.choice(list(options))
+        return self.source.draw(st.sampled_from(options))
+
+    def description(self, depth: int = 3) -> Any:
+        if isinstance(self.source, random.Random):
+            return _random_description(self.source, depth)
+        return self.source.draw(descriptions(depth))
+
+
+def _random_description(rng: random.Random, depth: int) -> Any:
+    """What `descriptions(depth)` draws, drawn by `rng`."""
+    kinds = ["leaf"] if depth == 0 else ["leaf", "module", "list", "tuple", "dict"]
+    kind = rng.choice(kinds + (["module"] if depth else []))
+    if kind == "leaf":
+        leaf = rng.randrange(3)
+        if leaf == 0:
+            return ("array",)
+        if leaf == 1:
+            return ("static", rng.randrange(len(_STATICS)))
+        return ("layer", rng.choice(["linear", "dropout"]))
+    if kind == "module":
+        inner = (_random_description(rng, depth - 1) for _ in range(2))
+        return ("module", tuple(inner))
+    items = [_random_description(rng, depth - 1) for _ in range(rng.randrange(4))]
+    if kind == "dict":
+        return ("dict", dict(zip(rng.sample("wxyz", len(items)), items)))
+    return (kind, items)
+
+
 def run_example(data: Any) -> None:
     """One example: a model drawn, then a few steps, each compared (a hypothesis
-    `data` object, or anything with `draw`)."""
-    desc = ("module", (data.draw(descriptions()), data.draw(descriptions())))
+    `data` object, anything with `draw`, or a `random.Random`)."""
+    draws = Draws(data)
+    desc = ("module", (draws.description(), draws.description()))
     desc = with_arrays(desc)
     a, b = (build(d, True) for d in desc[1])
     ours = ATop(a, b)
@@ -320,8 +370,8 @@ def run_example(data: Any) -> None:
     twin = ETop(c, d)
     same(ours, twin, "built")
     same_leaves(ours, twin)
-    for _ in range(data.draw(st.integers(1, 8))):
-        op = data.draw(st.sampled_from(OPS))
+    for _ in range(draws.integer(1, 8)):
+        op = draws.choice(OPS)
         if op == "jit":
             ours = jax.jit(lambda m: m)(ours)
             twin = eqx.filter_jit(lambda m: m)(twin)
@@ -332,30 +382,81 @@ def run_example(data: Any) -> None:
             count = len(jax.tree_util.tree_leaves(twin))
             if not count:
                 continue
-            index = data.draw(st.integers(0, count - 1))
-            new = data.draw(st.sampled_from([None, 7, "other", "array"]))
+            index = draws.integer(0, count - 1)
+            new = draws.choice([None, 7, "other", "array"])
             new = _array() if new == "array" else new
             ours, twin = replace_leaf(ours, twin, index, new)
         else:
             paths = containers(ours)
             if not paths:
                 continue
-            path = paths[data.draw(st.integers(0, len(paths) - 1))]
-            key = data.draw(st.integers(0, 7))
-            value = with_arrays(data.draw(descriptions(2)))
+            path = paths[draws.integer(0, len(paths) - 1)]
+            key = draws.integer(0, 7)
+            value = with_arrays(draws.description(2))
             change(at(ours, path), at(twin, path), op, key, value)
         same(ours, twin, f"after {op}")
         same_leaves(ours, twin)
     check_transforms(ours, twin)
 
 
-if __name__ == "__main__":
-    from hypothesis import given, HealthCheck, settings
+class Beside:
+    """A second thread running examples of its own (drawn by `random`) while the
+    main one runs its: the classes' caches, plans and generated code are shared,
+    changed from both. Its first failure is kept and raised by `stop`."""
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.done = threading.Event()
+        self.failure: BaseException | None = None
+        self.examples = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            try:
+                run_example(self.rng)
+            except BaseException as err:
+                self.failure = err
+                return
+            self.examples += 1
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        if self.failure is not None:
+            raise AssertionError("the second thread's example failed") from (
+                self.failure
+            )
+        return self.examples
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.mutation_fuzz",
+        description="The differential mutation fuzz: N examples, each compared "
+        "with the eqx.Module twin after every step.",
+    )
+    parser.add_argument("n", type=int, nargs="?", default=1000)
+    parser.add_argument("--seed", type=int, help="hypothesis's seed: another order")
+    parser.add_argument(
+        "--thread", action="store_true", help="a second thread runs examples beside"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run N examples split over this many processes, each with its own "
+        "seed (so its own order of classes met), at once",
+    )
+    args = parser.parse_args(argv)
+    if args.processes > 1:
+        _in_processes(args)
+        return
+    from hypothesis import given, HealthCheck, seed, settings
 
     @settings(
-        max_examples=n,
+        max_examples=args.n,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         database=None,
@@ -364,5 +465,33 @@ if __name__ == "__main__":
     def fuzz(data: Any) -> None:
         run_example(data)
 
-    fuzz()
-    print(f"{n} examples: no disagreement")
+    if args.seed is not None:
+        fuzz = seed(args.seed)(fuzz)
+    beside = Beside(args.seed or 0) if args.thread else None
+    try:
+        fuzz()
+    finally:
+        extra = beside.stop() if beside is not None else 0
+    also = f" (and {extra} in a second thread)" if beside is not None else ""
+    print(f"{args.n} examples{also}: no disagreement")
+
+
+def _in_processes(args: argparse.Namespace) -> None:
+    share = -(-args.n // args.processes)
+    command = [sys.executable, "-m", "tests.mutation_fuzz", str(share)]
+    command += ["--thread"] if args.thread else []
+    runs = [
+        subprocess.Popen([*command, "--seed", str((args.seed or 0) + i)])
+        for i in range(args.processes)
+    ]
+    failed = [run.args for run in runs if run.wait() != 0]
+    if failed:
+        raise SystemExit(f"disagreements in: {failed}")
+    print(
+        f"{share * args.processes} examples in {args.processes} processes, "
+        "each its own order: no disagreement"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

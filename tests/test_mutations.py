@@ -15,7 +15,7 @@ from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
 
-from .mutation_fuzz import ASub, ATop, ESub, ETop, run_example, same
+from .mutation_fuzz import ASub, ATop, Beside, ESub, ETop, run_example, same
 
 
 @settings(
@@ -27,6 +27,32 @@ from .mutation_fuzz import ASub, ATop, ESub, ETop, run_example, same
 @given(st.data())
 def test_in_place_changes_are_seen_as_an_eqx_module_sees_them(data: Any) -> None:
     run_example(data)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+)
+@given(st.data())
+def test_in_place_changes_with_a_second_thread_running_examples_beside(data: Any):
+    # The classes' plans, signatures and generated code are shared by both threads.
+    beside = _BESIDE[0] or Beside(seed=1)
+    _BESIDE[0] = beside
+    run_example(data)
+    if beside.failure is not None:
+        beside.stop()
+
+
+_BESIDE: list[Beside | None] = [None]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_the_second_thread():
+    yield
+    if _BESIDE[0] is not None:
+        _BESIDE[0].stop()
 
 
 @pytest.mark.parametrize("after", ["a flatten", "a jit step"])
