@@ -40,8 +40,11 @@ WIDTH = 8
 
 
 @functools.cache
-def _classes() -> dict[tuple[str, str], type]:
-    """The MLP classes, and the user's own Linear, of every implementation."""
+def _classes(kind: str) -> dict[tuple[str, str], type]:
+    """The MLP classes, and the user's own Linear, of every implementation, made
+    anew for each `kind`: a user's MLP class holds one kind of layer, and
+    AutoModule's generated flatten is made for the items its first instance holds
+    (an MLP class of both kinds flattens the second by its general code)."""
     assert asx is not None
 
     class OwnLinear(asx.AutoModule):
@@ -93,7 +96,7 @@ def builder(
 ) -> Callable[[], Any]:
     """What builds one model of `kind` and `impl` around `arrays` (made anew each
     call: its layer objects too, never its arrays)."""
-    classes = _classes()
+    classes = _classes(kind)
     mlp = classes[(impl, "mlp")]
     if kind == "own":
         layer = classes[(impl, "layer")]

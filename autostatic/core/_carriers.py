@@ -90,6 +90,20 @@ def layer_of(x: Any) -> Any:
     return get_layer(x) if type(x) in carrier_classes else x
 
 
+# Per layer class whose layers hold no layer: what makes the carriers of a list of
+# them in one loop (`_generated.fast_stack`).
+stacks: dict[type, Callable[[Any], list[Any]]] = {}
+
+
+def carriers_of(items: Any, types: set[type], one: Callable[[Any], Any]) -> Any:
+    """The carriers of the list or tuple `items` of layers (of `types`), in a
+    container of its type: by the loop of their class where they are of one, else
+    each by `one`."""
+    stack = stacks.get(next(iter(types))) if len(types) == 1 else None
+    made = stack(items) if stack is not None else list(map(one, items))
+    return made if type(items) is list else tuple(made)
+
+
 def new_carrier(carrier_cls: type, flat: tuple[Any, Any], layer: Any) -> Any:
     carrier = object.__new__(carrier_cls)
     carrier._autostatic_children, carrier._autostatic_aux = flat

@@ -22,11 +22,13 @@ from .._compat import FlattenFunctions
 from . import _retrace
 from ._carriers import (
     carrier_class,
+    carriers_of,
     get_flat,
     get_layer,
     in_surgery,
     layer_of,
     new_carrier,
+    stacks,
     surgeries,
 )
 from ._fields import fields_of, FieldSpec
@@ -159,7 +161,7 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
             stack = fast_stack(
                 spec.owner, spec.names, types, modes, {**namespace, "one": fast}
             )
-            _stacks[spec.owner] = stack
+            stacks[spec.owner] = stack
         return
     namespace["general"] = spec.general_flatten
     fast = fast_flatten(spec.owner, spec.names, types, modes, namespace, False, items)
@@ -353,18 +355,13 @@ def to_carrier(x: Any) -> Any:
     return _carried.setdefault(type(x), make)(x)
 
 
-# Per carried layer class (a few `eqx.nn` classes): what makes a layer's carrier,
-# and for a class whose layers hold no layer, the carriers of a list of them.
+# Per carried layer class (a few `eqx.nn` classes): what makes a layer's carrier.
 _carried: dict[type, Callable[[Any], Any]] = {}
-_stacks: dict[type, Callable[[Any], list[Any]]] = {}
 
 
 def stack_of(items: Any, types: set[type]) -> Any:
-    """The carriers of the list or tuple `items` of layers (of `types`), in a
-    container of its type."""
-    stack = _stacks.get(next(iter(types))) if len(types) == 1 else None
-    made = stack(items) if stack is not None else list(map(to_carrier, items))
-    return made if type(items) is list else tuple(made)
+    """The carriers of the list or tuple `items` of layers (of `types`)."""
+    return carriers_of(items, types, to_carrier)
 
 
 def _register_carrier(carrier: type, layer_class: type) -> None:

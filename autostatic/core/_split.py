@@ -26,6 +26,7 @@ import numpy as np
 from jax import ShapeDtypeStruct
 
 from .._compat import flatten_none_leaves
+from ._carriers import carriers_of, layer_of
 from ._leaves import (
     ARRAY,
     AS_IS,
@@ -205,7 +206,9 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     if AS_IS.issuperset(cats):
         return CHILD, value, None
     if cats == {LAYER}:  # a stack of `eqx.nn` layers
-        return CHILD, type(value)(map(node_child, value)), None
+        if node_child is layer_of:  # in a surgery: the layers themselves
+            return CHILD, type(value)(map(node_child, value)), None
+        return CHILD, carriers_of(value, set(map(type, value)), node_child), None
     if CONTAINER in cats:
         return _split_tree(value, array_field, node_child)
     items = list(value)
