@@ -837,6 +837,19 @@ def test_retention_study_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(first > 0 and last > 0 for first, last in costs.values())
 
 
+def test_first_call_study_runs_in_fresh_processes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -m benchmarks.first_call`, with a few layers and one pair.
+    from benchmarks import first_call
+
+    assert first_call.one("autostatic", 4) > 0
+    monkeypatch.setattr(sys, "argv", ["first_call", "--layers", "4", "--pairs", "1"])
+    first_call.main()
+    report = capsys.readouterr().out
+    assert "4 held eqx.nn.Linear" in report and "ratio of medians" in report
+
+
 def test_faster_only_when_every_interquartile_range_lies_below_one() -> None:
     from benchmarks.report.claims import group_by_speed
 
