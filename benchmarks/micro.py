@@ -184,7 +184,7 @@ def _scopes(model: Any) -> list[dict[str, Any]]:
     return list(found.values())
 
 
-def generated_modes(rounds: int = 15) -> None:
+def generated_checks(rounds: int = 15) -> None:
     """Two checks of the generated flatten, each against the general flatten for the
     instances it takes: a child of any type the field takes as it is (the
     transformer's `eqx.nn.Linear`s with and without a bias) and a list of modules
@@ -555,7 +555,7 @@ def warm_and_cold(rounds: int = 101) -> None:
 if __name__ == "__main__":
     aux_forms()
     generated_code()
-    generated_modes()
+    generated_checks()
     template_alive()
     working_set()
     dispatch_floor()

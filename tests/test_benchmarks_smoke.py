@@ -787,7 +787,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
     for study in (
         micro.aux_forms,
         micro.generated_code,
-        micro.generated_modes,
+        micro.generated_checks,
         micro.template_alive,
         micro.working_set,
         micro.dispatch_floor,

@@ -189,6 +189,7 @@ def _field_value(name):
         "mixed": lambda: [eqx.nn.Linear(2, 2, key=key), jax.nn.relu],
         "layer": lambda: eqx.nn.Linear(2, 2, use_bias=False, key=key),
         "layers": lambda: (eqx.nn.Linear(2, 2, key=key), eqx.nn.Identity()),
+        "numbers": lambda: [jnp.ones(2), 3, 0.5, "tag"],
     }[name]()
 
 
@@ -218,7 +219,11 @@ _VALUE_NAMES = st.sampled_from(
 @property_settings
 @given(
     st.lists(
-        st.tuples(_VALUE_NAMES, st.sampled_from(["int", "array", "none"])),
+        st.tuples(
+            _VALUE_NAMES,
+            st.sampled_from(["int", "array", "none"]),
+            st.sampled_from(["int", "float", "array", "none", "ints", "numbers"]),
+        ),
         min_size=1,
         max_size=10,
     )
@@ -227,17 +232,19 @@ def test_instances_of_any_field_types_flatten_as_the_general_flatten(rows):
     # A class's flatten is generated for the first field types met; each instance,
     # whatever its types and in whatever order they come (a list of modules, then
     # one of ints; an array, then `None`), must flatten as the general flatten
-    # (which the fuzz checks against Equinox).
+    # (which the fuzz checks against Equinox). In a field annotated to hold arrays,
+    # numbers are children, alone or as items.
     from autostatic.core._fields import fields_of
 
-    class Pair(asx.AutoModule):
+    class Triple(asx.AutoModule):
         a: object
         b: object
+        c: jax.Array | list
 
-    models = [Pair(_field_value(a), _field_value(b)) for a, b in rows]
+    models = [Triple(*map(_field_value, row)) for row in rows]
     for model in models * 2:  # the second time, every flatten generated is met
         jax.tree_util.tree_flatten(model)
-    spec = fields_of(Pair)
+    spec = fields_of(Triple)
     for model in models:
         fast, general = spec.flatten(model), spec.general_flatten(model)
         fast_leaves, fast_def = jax.tree_util.tree_flatten(fast[0])

@@ -24,8 +24,9 @@ from ._leaves import (
     stops,
 )
 from ._plan import entry_types, plan_for
-from ._split import CHILD, STATIC, whole
+from ._split import whole
 from ._templates import remember_template, template_aux
+from ._ways import CHILD, ENTRY
 
 
 def is_ours(x: Any) -> bool:
@@ -52,13 +53,13 @@ def exposed_module(
     declared `eqx.field(static=True)`, which Equinox keeps in its aux data too."""
     spec = fields_of(cls)
     obj = new_module(cls, values)
-    kinds = tuple(
-        STATIC if keep_declared_static and declared else CHILD
+    parts = tuple(
+        ENTRY if keep_declared_static and declared else CHILD
         for declared in spec.declared_static
     )
-    entries = [whole(values[n]) for n, k in zip(spec.names, kinds) if k == STATIC]
-    plan = plan_for(spec, kinds, entry_types(kinds, entries), True)
-    children = tuple(values[n] for n, k in zip(spec.names, kinds) if k == CHILD)
+    entries = [whole(values[n]) for n, p in zip(spec.names, parts) if p == ENTRY]
+    plan = plan_for(spec, parts, entry_types(parts, entries), True)
+    children = tuple(values[n] for n, p in zip(spec.names, parts) if p == CHILD)
     remember_template(obj, (plan, *entries), children)
     return obj
 

@@ -2,10 +2,10 @@
 unflatten for the plan its instances have.
 
 The general flatten (`_node._general_flatten`) finds a node's plan by the tuple of
-its field values' types and splits each field by its action, a tuple, a dict lookup
-and a call per field. For the types a class's instances hold, a flatten written for
-that class compares each field's type with the one expected and takes each field by
-its mode (`CHILD` ... `ITEMS`) inline. Any instance whose types differ, a template,
+its field values' types and takes each field its way (`_ways`), a tuple, a dict
+lookup and a call per field. For the types a class's instances hold, a flatten written
+for that class compares each field's type with the one expected and takes each field
+its way, or one narrower, inline. Any instance whose types differ, a template,
 one still in `__init__`, or a flatten inside a surgery of layers takes the general
 flatten. What each earns is measured in design.md ("Generated code"). The source is
 kept on the function (`__source__`), as Equinox keeps its own generated functions',
@@ -25,6 +25,20 @@ before any field type is known: each starts as a call of the general function
 import linecache
 from collections.abc import Callable
 from typing import Any, Final
+
+from ._ways import (
+    CARRY,
+    CHILD,
+    ENTRY,
+    HOLD,
+    HOLD_FLOAT,
+    ITEMS,
+    KEEP,
+    LAYERS,
+    SEQUENCE,
+    TAKE,
+    TREE,
+)
 
 _DISPATCHER: Final = """\
 def flatten(self):
@@ -91,40 +105,24 @@ def specialise(function: Callable[..., Any], fast: Callable[..., Any]) -> None:
     function.__source__ = fast.__source__  # pyright: ignore[reportFunctionMemberAccess]  # set by `_compiled`
 
 
-# How the generated flatten takes each field (`fast_flatten`'s `modes`).
-CHILD: Final = "child"  # the value is a child
-KEPT: Final = "kept"  # the value is a static entry, as it is
-FLOAT: Final = "float"  # a static float, held exactly if a zero or NaN
-HELD: Final = "held"  # a static value as `_static.hold` holds it (a dtype, a set)
-SEQUENCE: Final = "sequence"  # a list or tuple of ints, bools, strings: a `StaticSeq`
-CARRIED: Final = "carried"  # an `eqx.nn` layer: the child is its carrier
-LAYERS: Final = "layers"  # a list or tuple of `eqx.nn` layers: of their carriers
-# A list, tuple or dict whose lists, tuples and dicts hold arrays, AutoModules and
-# `None`s (a stack of blocks, a dict of parameters): the child, as it is.
-TREE: Final = "tree"
-# A list or tuple of `ITEM_*` items, those of each kind at fixed places (a block's
-# `[Linear, relu, Linear, Dropout]`): the child and a `FlatHoles` picked by place.
-ITEMS: Final = "items"
-ITEM_CHILD, ITEM_CARRIED, ITEM_STATIC = "child", "carried", "static"
-
-# The child expression of each mode with a child, the entry expression of each mode
-# with an entry, and the check beyond the value's type, by mode (`v` the value, `t`
+# The child expression of each way with a child, the entry expression of each way
+# with an entry, and the check beyond the value's type, by way (`v` the value, `t`
 # its type, `s` the types of its items).
 _CHILDREN: Final = {
-    CHILD: "{v}",
+    TAKE: "{v}",
     TREE: "{v}",
-    CARRIED: "carried[{t}]({v})",
+    CARRY: "carried[{t}]({v})",
     LAYERS: "stack_of({v}, {s})",
 }
-# The modes of the fields of a layer class whose carriers `stack` makes: children
+# The ways of the fields of a layer class whose carriers `stack` makes: children
 # taken as they are and static values, no layer inside.
-STACKED: Final = frozenset({CHILD, KEPT, FLOAT, HELD, SEQUENCE})
+STACKED: Final = frozenset({TAKE, KEEP, HOLD_FLOAT, HOLD, SEQUENCE})
 # The same in a surgery (`_carriers.layers_as_nodes`): the layers as they are.
-_AS_NODES: Final = {**_CHILDREN, CARRIED: "{v}", LAYERS: "{v}"}
+_AS_NODES: Final = {**_CHILDREN, CARRY: "{v}", LAYERS: "{v}"}
 _ENTRIES: Final = {
-    KEPT: "{v}",
-    FLOAT: "({v} if {v} == {v} and {v} != 0 else hold({v}))",
-    HELD: "hold({v})",
+    KEEP: "{v}",
+    HOLD_FLOAT: "({v} if {v} == {v} and {v} != 0 else hold({v}))",
+    HOLD: "hold({v})",
     SEQUENCE: "sequence(({t}, {s}, *{v}))",
 }
 _CHECKS: Final = {
@@ -138,13 +136,13 @@ def fast_flatten(
     owner: type,
     names: tuple[str, ...],
     types: tuple[type, ...],
-    modes: tuple[str, ...],
+    ways: tuple[str, ...],
     namespace: dict[str, Any],
     carrier: bool = False,
     items: dict[int, tuple[tuple[str, type], ...]] | None = None,
 ) -> Callable[[Any], Any]:
     """The flatten of `owner` (fields `names`) for instances whose field values have
-    exactly `types`, each field taken as its mode says (`CHILD` ... `LAYERS`; the
+    exactly `types`, each field taken as its way says (`TAKE` ... `LAYERS`; the
     items of a sequence or of layers checked too), the static entries after the plan
     `namespace["plan"]`. `namespace` holds the names the code reads: `templates`,
     `general`, `read`, `plan`, `aux` (the aux of a node without entries),
@@ -153,14 +151,14 @@ def fast_flatten(
     the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carry`
     (what makes a layer's carrier), `carried` (what makes one of a layer class, by
     class), `surgeries` and `in_surgery` (`_carriers`: in a surgery, layers are
-    children as they are). `items` gives, per field of mode `ITEMS`, the kind and
+    children as they are). `items` gives, per field of way `ITEMS`, the way and
     type of each item (`namespace` then also holds `flat_holes`). With `carrier`, it
     returns the layer's carrier instead of its node (`namespace` then also holds
     `new` and `carrier_class`)."""
-    children, entries, checks = _fields_code(types, modes, items or {})
+    children, entries, checks = _fields_code(types, ways, items or {})
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
-    as_nodes = _fields_code(types, modes, items or {}, layers_as_nodes=True)[0]
+    as_nodes = _fields_code(types, ways, items or {}, layers_as_nodes=True)[0]
     if carrier:
         if as_nodes != children:  # a layer of layers: made by the general code there
             checks.insert(0, "not surgeries[0]")
@@ -172,14 +170,14 @@ def fast_flatten(
     source = _TEMPLATE.format(
         qualname=owner.__qualname__,
         types=", ".join(t.__qualname__ for t in types),
-        children=[n for n, m in zip(names, modes) if m in _CHILDREN or m == ITEMS],
-        entries=[n for n, m in zip(names, modes) if m in _ENTRIES or m == ITEMS],
+        children=[n for n, m in zip(names, ways) if m in _CHILDREN or m == ITEMS],
+        entries=[n for n, m in zip(names, ways) if m in _ENTRIES or m == ITEMS],
         unpack="".join(f"v{i}, " for i in range(len(names))),
         dict_of_self="self.__dict__" if direct else "dict_of(self)",
         checks=" and ".join(checks),
         finish=finish.format(
-            children=_children_tuple(children, modes),
-            surgery_children=_children_tuple(as_nodes, modes),
+            children=_children_tuple(children, ways),
+            surgery_children=_children_tuple(as_nodes, ways),
             aux=aux,
         ),
     )
@@ -188,11 +186,11 @@ def fast_flatten(
         "dict_of": dict_getter(owner),
         **{f"t{i}": t for i, t in enumerate(types)},
     }
-    for i, kinds in (items or {}).items():
-        scope[f"m{i}"] = tuple(t for _, t in kinds)
-        statics = [k for k, (kind, _) in enumerate(kinds) if kind == ITEM_STATIC]
+    for i, taken in (items or {}).items():
+        scope[f"m{i}"] = tuple(t for _, t in taken)
+        statics = [k for k, (way, _) in enumerate(taken) if way == KEEP]
         scope[f"p{i}"] = tuple(statics)
-        scope[f"h{i}"] = tuple(kinds[k][1] for k in statics)
+        scope[f"h{i}"] = tuple(taken[k][1] for k in statics)
     return _compiled(owner, source, scope)
 
 
@@ -250,22 +248,22 @@ def fast_stack(
     owner: type,
     names: tuple[str, ...],
     types: tuple[type, ...],
-    modes: tuple[str, ...],
+    ways: tuple[str, ...],
     namespace: dict[str, Any],
 ) -> Callable[[Any], list[Any]]:
-    """The carriers of a list or tuple of `owner` layers (fields `names`, of modes
+    """The carriers of a list or tuple of `owner` layers (fields `names`, of ways
     in `STACKED`), as `fast_flatten` with `carrier` makes each, in one loop.
     `namespace` is `fast_flatten`'s, and `one`: the maker of one layer's carrier."""
-    children, entries, _ = _fields_code(types, modes, {})
+    children, entries, _ = _fields_code(types, ways, {})
     child_checks, entry_checks, same, last, values = [], [], [], [], []
-    for i, mode in enumerate(modes):
+    for i, way in enumerate(ways):
         n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
-        if mode == CHILD:
+        if way == TAKE:
             child_checks.append(f"(type(v{i}) is t{i} or type(v{i}) in child_types)")
             continue
         entry_checks.append(f"type(v{i}) is t{i}")
-        if mode in _CHECKS:
-            entry_checks.append(_CHECKS[mode].format(**n))
+        if way in _CHECKS:
+            entry_checks.append(_CHECKS[way].format(**n))
         same.append(f"v{i} is p{i}")
         last.append(f"p{i}")
         values.append(f"v{i}")
@@ -285,7 +283,7 @@ def fast_stack(
     source = _STACK_TEMPLATE.format(
         qualname=owner.__qualname__,
         types=", ".join(t.__qualname__ for t in types),
-        entries=[n for n, m in zip(names, modes) if m != CHILD],
+        entries=[n for n, m in zip(names, ways) if m != TAKE],
         start=start,
         dict_of_self="self.__dict__" if direct else "dict_of(self)",
         unpack="".join(f"v{i}, " for i in range(len(names))),
@@ -302,15 +300,15 @@ def fast_stack(
     return _compiled(owner, source, scope, "stack")
 
 
-def _children_tuple(children: list[str], modes: tuple[str, ...]) -> str:
-    if all(mode == CHILD for mode in modes):
+def _children_tuple(children: list[str], ways: tuple[str, ...]) -> str:
+    if all(way == TAKE for way in ways):
         return "values"  # the tuple read
     return "(" + "".join(f"{c}, " for c in children) + ")"
 
 
 def _fields_code(
     types: tuple[type, ...],
-    modes: tuple[str, ...],
+    ways: tuple[str, ...],
     items: dict[int, Any],
     layers_as_nodes: bool = False,
 ) -> tuple[list[str], list[str], list[str]]:
@@ -322,43 +320,43 @@ def _fields_code(
     # or `None`, an array or a tracer, a module), with the same plan.
     checks = [
         f"(type(v{i}) is t{i} or type(v{i}) in child_types)"
-        if mode == CHILD
+        if way == TAKE
         else f"type(v{i}) is t{i}"
-        for i, mode in enumerate(modes)
+        for i, way in enumerate(ways)
     ]
-    for i, mode in enumerate(modes):
+    for i, way in enumerate(ways):
         n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
-        if mode == ITEMS:
+        if way == ITEMS:
             child, entry = _items_code(i, items[i], types[i], layers_as_nodes)
             children.append(child)
             entries.append(entry)
             checks.append(f"tuple(map(type, v{i})) == m{i}")
             continue
-        if mode in child_code:
-            children.append(child_code[mode].format(**n))
-        if mode in _ENTRIES:
-            entries.append(_ENTRIES[mode].format(**n))
-        if mode in _CHECKS:
-            checks.append(_CHECKS[mode].format(**n))
+        if way in child_code:
+            children.append(child_code[way].format(**n))
+        if way in _ENTRIES:
+            entries.append(_ENTRIES[way].format(**n))
+        if way in _CHECKS:
+            checks.append(_CHECKS[way].format(**n))
     return children, entries, checks
 
 
 def _items_code(
-    i: int, kinds: Any, kind: type, layers_as_nodes: bool
+    i: int, taken: Any, cls: type, layers_as_nodes: bool
 ) -> tuple[str, str]:
-    """The child and entry expressions of field `i` of mode `ITEMS`: its items by
+    """The child and entry expressions of field `i` of way `ITEMS`: its items by
     place, a `None` where a static one is."""
     parts = []
-    for k, (item, _) in enumerate(kinds):
-        if item == ITEM_CARRIED and not layers_as_nodes:  # type checked: maker exists
+    for k, (item, _) in enumerate(taken):
+        if item == CARRY and not layers_as_nodes:  # type checked: maker exists
             parts.append(f"carried[m{i}[{k}]](v{i}[{k}])")
-        elif item in (ITEM_CHILD, ITEM_CARRIED):
+        elif item in (TAKE, CARRY):
             parts.append(f"v{i}[{k}]")
         else:
             parts.append("None")
     display = ", ".join(parts) + ("," if len(parts) == 1 else "")
-    child = f"[{display}]" if kind is list else f"({display})"
-    statics = [f"v{i}[{k}]" for k, (item, _) in enumerate(kinds) if item == ITEM_STATIC]
+    child = f"[{display}]" if cls is list else f"({display})"
+    statics = [f"v{i}[{k}]" for k, (item, _) in enumerate(taken) if item == KEEP]
     entry = f"flat_holes((t{i}, p{i}, h{i}, {', '.join(statics)}))"
     return child, entry
 
@@ -405,23 +403,23 @@ def fast_unflatten(
     by its entry's `fill`), the types of the children checked against those a real
     model holds. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
     `noted` and `static_value`."""
-    children = [f"c{i}" for i, kind in enumerate(k for k in plan.kinds if k != 1)]
+    children = [f"c{i}" for i, _ in enumerate(p for p in plan.parts if p != ENTRY)]
     types = iter(plan.types)
     stores, c, e = [], 0, 1
-    for name, kind in zip(plan.names, plan.kinds):
-        if kind == 0:  # a child
+    for name, part in zip(plan.names, plan.parts):
+        if part == CHILD:
             value, c = children[c], c + 1
-        elif kind == 1:  # a static entry
+        elif part == ENTRY:
             raw = next(types) in _RAW_TYPES
             value, e = (f"aux[{e}]" if raw else f"static_value(aux[{e}])"), e + 1
-        else:  # mixed
+        else:  # both
             value, c, e = f"aux[{e}].fill({children[c]})", c + 1, e + 1
         stores.append(f"    attrs[{name!r}] = {value}")
     direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     source = _UNFLATTEN_TEMPLATE.format(
         qualname=owner.__qualname__,
         plan=repr(plan),
-        children=[n for n, k in zip(plan.names, plan.kinds) if k != 1],
+        children=[n for n, p in zip(plan.names, plan.parts) if p != ENTRY],
         entries=list(plan.entry_names),
         unpack="".join(f"{v}, " for v in children) or "()",
         dict_of_self="self.__dict__" if direct else "dict_of(self)",

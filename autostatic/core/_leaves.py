@@ -14,7 +14,7 @@ type once (`category`), which is what keeps the flatten cheap:
 - SHAPE: a `jax.ShapeDtypeStruct`: likewise;
 - CONTAINER: a list, tuple, dict, `OrderedDict`, `defaultdict` or namedtuple, or any
   other type JAX flattens as a node (a user's `eqx.Module`): looked into;
-- STATIC: anything else (a string, a function, a dtype, a config object): static.
+- OTHER: anything else (a string, a function, a dtype, a config object): static.
 """
 
 import collections
@@ -40,7 +40,7 @@ CARRIER: Final = 5
 NUMBER: Final = 6
 SHAPE: Final = 7
 CONTAINER: Final = 8
-STATIC: Final = 9
+OTHER: Final = 9
 
 # What is a node to us: decided by its own flatten, never looked into by a field's.
 NODES: Final = frozenset({NODE, LAYER, CARRIER})
@@ -101,10 +101,10 @@ def _category_of(cls: type, example: Any) -> int:
     if issubclass(cls, (jax.Array, Tracer)):
         return ARRAY
     if issubclass(cls, np.generic):
-        return ARRAY if jax_holds(np.dtype(cls)) else STATIC
+        return ARRAY if jax_holds(np.dtype(cls)) else OTHER
     if cls in BUILTIN_CONTAINERS or not _is_jax_leaf(example):
         return CONTAINER
-    return STATIC
+    return OTHER
 
 
 def _is_jax_leaf(x: Any) -> bool:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import jax.tree_util as jtu
+import numpy as np
 from jax.core import Tracer
 
 from .._compat import FlattenFunctions
@@ -33,68 +34,46 @@ from ._carriers import (
 )
 from ._fields import fields_of, FieldSpec
 from ._generated import (
-    CARRIED,
-    CHILD as CHILD_MODE,
     dispatcher,
     fast_flatten,
     fast_stack,
     fast_unflatten,
-    FLOAT,
-    HELD,
-    ITEM_CARRIED,
-    ITEM_CHILD,
-    ITEM_STATIC,
-    ITEMS,
-    KEPT,
-    LAYERS,
-    SEQUENCE,
     specialise,
     STACKED,
-    TREE,
     unflatten_dispatcher,
 )
-from ._leaves import (
-    ARRAY,
-    as_is_types,
-    CARRIER,
-    category,
-    LAYER,
-    leaf_types,
-    NODE,
-    NONE,
-    NUMBER,
-    real_types,
-    STATIC as STATIC_CATEGORY,
-)
+from ._leaves import as_is_types, CARRIER, category, LAYER, leaf_types, real_types
 from ._plan import (
     Aux,
-    CARRY,
     entry_of,
     entry_types,
-    HOLD,
-    KEEP,
     new_signature,
     Plan,
     plan_for,
     Signature,
-    SPLIT,
-    TAKE,
     UNSET,
     values_while_built,
+)
+from ._split import FlatHoles, RAW, split, static_value, StaticSeq
+from ._static import hold
+from ._templates import flatten_template, real_items, settle, templates
+from ._ways import (
+    CARRY,
+    CHILD,
+    ENTRY,
+    HOLD,
+    HOLD_FLOAT,
+    item_way,
+    ITEMS,
+    KEEP,
+    LAYERS,
+    PART_OF,
+    SEQUENCE,
+    SPLIT,
+    TAKE,
+    TREE,
     WHOLE,
 )
-from ._split import (
-    CHILD,
-    FlatHoles,
-    RAW,
-    split,
-    STATIC,
-    static_value,
-    StaticSeq,
-    value_of,
-)
-from ._static import held_as_themselves, hold
-from ._templates import flatten_template, real_items, settle, templates
 
 _object_getattribute = object.__getattribute__
 _object_new = object.__new__
@@ -124,11 +103,11 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         return
     if in_surgery():  # the layers are nodes: their carrier makers may not exist yet
         return
-    signature.tried = True  # once: the modes follow from the types, mostly
-    found = _modes(spec, signature, values)
+    signature.tried = True  # once: the ways follow from the types, mostly
+    found = _generated_ways(spec, signature, values)
     if found is None:
         return
-    modes, items = found
+    ways, items = found
     spec.specialised = True
     namespace = {
         "templates": templates,
@@ -153,59 +132,54 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         namespace["general"] = spec.general_carrier
         namespace["new"] = _object_new
         namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
-        fast = fast_flatten(
-            spec.owner, spec.names, types, modes, namespace, True, items
-        )
+        fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, True, items)
         _carried[spec.owner] = fast
-        if STACKED.issuperset(modes):
+        if STACKED.issuperset(ways):
             stack = fast_stack(
-                spec.owner, spec.names, types, modes, {**namespace, "one": fast}
+                spec.owner, spec.names, types, ways, {**namespace, "one": fast}
             )
             stacks[spec.owner] = stack
         return
     namespace["general"] = spec.general_flatten
-    fast = fast_flatten(spec.owner, spec.names, types, modes, namespace, False, items)
+    fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, False, items)
     specialise(registered, fast)
 
 
-def _modes(
+def _generated_ways(
     spec: FieldSpec, signature: Signature, values: tuple[Any, ...]
 ) -> tuple[tuple[str, ...], dict[int, Any]] | None:
-    """How the generated flatten takes each field (`_generated`), and the kinds of
-    the items of the fields of mode `ITEMS`; None if a field is none of the modes."""
-    modes, items = [], {}
-    fields = zip(signature.actions, values, spec.array_fields)
-    for i, (action, value, array_field) in enumerate(fields):
+    """The way the generated flatten takes each field (`_ways`: the signature's, or
+    one narrower that these values allow), and the way and type of each item of a
+    field taken `ITEMS`; None if the generated code takes a field no way."""
+    ways, items = [], {}
+    fields = zip(signature.ways, values, spec.array_fields)
+    for i, (way, value, array_field) in enumerate(fields):
         sequence = type(value) in (list, tuple) and bool(value)
-        if action == TAKE:
-            modes.append(CHILD_MODE)
-        elif action == KEEP:
-            modes.append(KEPT)
-        elif action == HOLD and type(value) is float:
-            modes.append(FLOAT)
-        elif action == HOLD and _keyed_by_type(value):
-            modes.append(HELD)
-        elif action == CARRY and category(value) == LAYER:
-            modes.append(CARRIED)
-        elif action == SPLIT and as_is_types.issuperset(leaf_types(value)):
-            modes.append(TREE)
+        if way in (TAKE, KEEP):
+            ways.append(way)
+        elif way == HOLD and type(value) is float:
+            ways.append(HOLD_FLOAT)
+        elif way == HOLD and _keyed_by_type(value):
+            ways.append(HOLD)
+        elif way == CARRY and category(value) == LAYER:
+            ways.append(CARRY)
+        elif way == SPLIT and as_is_types.issuperset(leaf_types(value)):
+            ways.append(TREE)
         elif (
-            action in (SPLIT, WHOLE)
+            way in (SPLIT, WHOLE)
             and sequence
-            and not (array_field and action == SPLIT)
+            and not (array_field and way == SPLIT)
             and RAW.issuperset(map(type, value))
         ):
-            modes.append(SEQUENCE)
-        elif action == SPLIT and sequence and _all_carried(value):
-            modes.append(LAYERS)
-        elif (
-            action == SPLIT and sequence and (kinds := _item_kinds(value, array_field))
-        ):
-            modes.append(ITEMS)
-            items[i] = kinds
+            ways.append(SEQUENCE)
+        elif way == SPLIT and sequence and _all_carried(value):
+            ways.append(LAYERS)
+        elif way == SPLIT and sequence and (taken := _item_ways(value, array_field)):
+            ways.append(ITEMS)
+            items[i] = taken
         else:
             return None
-    return tuple(modes), items
+    return tuple(ways), items
 
 
 def _keyed_by_type(value: Any) -> bool:
@@ -214,34 +188,26 @@ def _keyed_by_type(value: Any) -> bool:
     return type(value) is not type
 
 
-# The item categories the generated flatten takes by place (`ITEMS`).
-_ITEM_KINDS: Final = {ARRAY: ITEM_CHILD, NODE: ITEM_CHILD, NONE: ITEM_CHILD}
-
-
-def _item_kinds(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] | None:
-    """The kind and type of each item of a mixed list or tuple whose items the
-    generated flatten can take by place: arrays, modules, `None`, carried layers, and
-    static values that are their own entries (not numbers of an array field); None
-    for any other."""
-    kinds = []
+def _item_ways(value: Any, array_field: bool) -> tuple[tuple[str, type], ...] | None:
+    """The way (`item_way`) and type of each item of a list or tuple whose items the
+    generated flatten can take by place: `TAKE`, `CARRY` where the layer's carrier
+    maker exists, `KEEP`, with at least one static item and one other; None for any
+    other list or tuple."""
+    taken = []
     for item in value:
-        cat = category(item)
-        if cat in _ITEM_KINDS:
-            kinds.append((_ITEM_KINDS[cat], type(item)))
-        elif cat == LAYER and type(item) in _carried:
-            kinds.append((ITEM_CARRIED, type(item)))
-        elif (
-            cat in (STATIC_CATEGORY, NUMBER)
-            and held_as_themselves((type(item),))
-            and not (array_field and cat == NUMBER)
-        ):
-            kinds.append((ITEM_STATIC, type(item)))
-        else:
+        way = item_way(item, array_field)
+        if way == CARRY and type(item) not in _carried:
             return None
-    places = [k for k, _ in kinds]
-    if ITEM_STATIC not in places or set(places) == {ITEM_STATIC}:
-        return None  # no static item, or no dynamic one: other modes
-    return tuple(kinds)
+        if way not in (TAKE, CARRY, KEEP) or type(item) is _NDARRAY:
+            return None  # a numpy array's way follows from its dtype: per value
+        taken.append((way, type(item)))
+    found = {way for way, _ in taken}
+    if KEEP not in found or found == {KEEP}:
+        return None  # no static item, or no dynamic one: other ways
+    return tuple(taken)
+
+
+_NDARRAY: Final = np.ndarray
 
 
 def _all_carried(items: Any) -> bool:
@@ -275,7 +241,7 @@ def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], 
             signature = new_signature(spec, types, values)
         children = signature.children
         if children is None:
-            node = _flatten_by_actions(spec, signature, values)
+            node = _flatten_by_ways(spec, signature, values)
         else:
             aux = signature.aux
             if aux is None:
@@ -288,44 +254,44 @@ def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], 
     return flatten_one
 
 
-def _flatten_by_actions(
+def _flatten_by_ways(
     spec: FieldSpec, signature: Signature, values: tuple[Any, ...]
 ) -> tuple[tuple[Any, ...], Aux]:
     node_child = node_child_now()
-    children, entries, kinds = [], [], []
-    for i, (action, value) in enumerate(zip(signature.actions, values)):
-        if action == TAKE:
+    children, entries, parts = [], [], []
+    for i, (way, value) in enumerate(zip(signature.ways, values)):
+        if way == TAKE:
             children.append(value)
-        elif action == CARRY:
+        elif way == CARRY:
             children.append(node_child(value))
-        elif action == SPLIT:
-            kind, child, entry = split(value, spec.array_fields[i], node_child)
-            if kind != STATIC:
+        elif way == SPLIT:
+            part, child, entry = split(value, spec.array_fields[i], node_child)
+            if part != ENTRY:
                 children.append(child)
-            if kind != CHILD:
+            if part != CHILD:
                 entries.append(entry)
-            kinds.append(kind)
+            parts.append(part)
             continue
         else:
-            entries.append(entry_of(action, value))
-        kinds.append(STATIC if action >= KEEP else CHILD)
+            entries.append(entry_of(way, value))
+        parts.append(PART_OF[way])
     plan = signature.plan
     if plan is None and signature.by_value:
-        kinds = tuple(kinds)
-        types = entry_types(kinds, entries)
-        plan = plan_for(spec, kinds, types, False, signature.partial)
+        parts = tuple(parts)
+        types = entry_types(parts, entries)
+        plan = plan_for(spec, parts, types, False, signature.partial)
     elif plan is None:
-        kinds = tuple(kinds)
-        plan = signature.resolved.get(kinds)
+        parts = tuple(parts)
+        plan = signature.resolved.get(parts)
         if plan is None:
-            types = entry_types(kinds, entries)
-            plan = plan_for(spec, kinds, types, False, signature.partial)
-            if len(signature.resolved) < _MOST_KINDS:
-                signature.resolved[kinds] = plan
+            types = entry_types(parts, entries)
+            plan = plan_for(spec, parts, types, False, signature.partial)
+            if len(signature.resolved) < _MOST_PARTS:
+                signature.resolved[parts] = plan
     return tuple(children), (plan, *entries)
 
 
-_MOST_KINDS: Final = 64  # plans kept per signature: its split fields' kinds met
+_MOST_PARTS: Final = 64  # plans kept per signature: its split fields' parts met
 
 
 def node_child_now() -> Callable[[Any], Any]:
@@ -445,12 +411,12 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
 def _fill(plan: Plan, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     """Puts the attribute values into `attrs`, in field order."""
     c, e = 0, 1
-    for name, kind in zip(plan.names, plan.kinds):
-        if kind == CHILD:
+    for name, part in zip(plan.names, plan.parts):
+        if part == CHILD:
             value = children[c]
             c += 1
-        elif kind == STATIC:
-            value = value_of(STATIC, None, aux[e])
+        elif part == ENTRY:
+            value = static_value(aux[e])
             e += 1
         else:
             value = aux[e].fill(children[c])

@@ -1,6 +1,7 @@
-"""Plans: which field of a node is a child, a static entry, or both, found once
-per class and tuple of field value types (`Signature`) and per kinds of fields
-(`Plan`). A plan holds no value: the aux data of a node is `(plan, *entries)`."""
+"""Plans: the way each field of a node is taken, found once per class and tuple of
+field value types (`Signature`), and the part each gives its node (`Plan`), in the
+vocabulary of `_ways`. A plan holds no value: the aux data of a node is
+`(plan, *entries)`."""
 
 import operator
 import types
@@ -11,39 +12,30 @@ import jax.tree_util as jtu
 
 from . import _retrace
 from ._fields import fields_of, FieldSpec
-from ._leaves import (
-    ARRAY,
-    CARRIER,
-    category,
-    CONTAINER,
-    LAYER,
-    NDARRAY,
-    NODE,
-    NONE,
-    NUMBER,
-    SHAPE,
+from ._split import RECORDS, whole
+from ._static import hold, natural, SameDtype, Snapshot
+from ._ways import (
+    BOTH,
+    CHILD,
+    ENTRY,
+    HOLD,
+    KEEP,
+    PART_OF,
+    SPLIT,
+    TAKE,
+    way_of,
 )
-from ._split import CHILD, MIXED, RECORDS, STATIC, whole
-from ._static import held_as_themselves, hold, natural, SameDtype, Snapshot
-
-# How a field's value of one type becomes part of the node (`Signature.actions`).
-TAKE: Final = 0  # the child, as it is
-CARRY: Final = 1  # the child, a layer's carrier
-KEEP: Final = 2  # a static entry, as it is
-HOLD: Final = 3  # a static entry, as `hold` holds it
-SPLIT: Final = 4  # split by `_split.split`: its kind follows from its value
-WHOLE: Final = 5  # declared `eqx.field(static=True)`: a static entry, whole
 
 
 class Plan:
-    """Which field is a child, a static entry, or both (`_split`'s kinds), with the
+    """The part each field gives its node (`_ways`: child, entry or both), with the
     types of the static values that stand alone: `1`, `1.0` and `True` are equal
     under `==` but compile different programs, so their plans differ, and a plan is
     compared by identity (one object per class and key)."""
 
     __slots__ = (
         "cls",
-        "kinds",
+        "parts",
         "types",
         "exposed",
         "names",
@@ -57,21 +49,21 @@ class Plan:
         "__weakref__",
     )
 
-    def __init__(self, spec: FieldSpec, kinds: tuple[int, ...], types: Any, exposed):
+    def __init__(self, spec: FieldSpec, parts: tuple[int, ...], types: Any, exposed):
         self.cls = spec.owner
-        self.kinds, self.types, self.exposed = kinds, types, exposed
+        self.parts, self.types, self.exposed = parts, types, exposed
         self.names = spec.names
         self.child_keys = tuple(
-            key for key, kind in zip(spec.keys, kinds) if kind != STATIC
+            key for key, part in zip(spec.keys, parts) if part != ENTRY
         )
-        self.entry_names = tuple(n for n, k in zip(spec.names, kinds) if k != CHILD)
+        self.entry_names = tuple(n for n, p in zip(spec.names, parts) if p != CHILD)
         # Whether a new static number in its aux is worth noting
         # (`_retrace`: not in a field declared static, whose values Equinox also
         # compiles anew), and the id of the last aux noted (nothing kept alive).
         static = [
             (n, d)
-            for n, d, k in zip(spec.names, spec.declared_static, kinds)
-            if k == STATIC
+            for n, d, p in zip(spec.names, spec.declared_static, parts)
+            if p == ENTRY
         ]
         self.numbers = tuple(
             n
@@ -84,16 +76,16 @@ class Plan:
         # Where every static entry is its own value (no record, nothing held): the
         # field values in field order, picked out of `children + aux` in one C call.
         self.order = None
-        if MIXED not in kinds and all(t in _RAW for t in types):
-            n_children = sum(k == CHILD for k in kinds)
+        if BOTH not in parts and all(t in _RAW for t in types):
+            n_children = sum(p == CHILD for p in parts)
             at, c, e = [], 0, n_children + 1
-            for kind in kinds:
-                at.append(c if kind == CHILD else e)
-                c, e = c + (kind == CHILD), e + (kind != CHILD)
+            for part in parts:
+                at.append(c if part == CHILD else e)
+                c, e = c + (part == CHILD), e + (part != CHILD)
             self.order = picker(at)
 
     def key(self) -> tuple[Any, ...]:
-        return (self.kinds, self.types, self.exposed)
+        return (self.parts, self.types, self.exposed)
 
     def __eq__(self, other: object) -> bool:
         return self is other or (
@@ -101,7 +93,7 @@ class Plan:
         )
 
     def __hash__(self) -> int:
-        return hash((self.cls, self.kinds))
+        return hash((self.cls, self.parts))
 
     def __repr__(self) -> str:
         # JAX prints it in every error about differing pytree metadata, the one place
@@ -124,7 +116,7 @@ class Plan:
         # As the live plan of the class: found again by its key, the types of the
         # `types` module by name.
         types = tuple(_NAMES_OF_TYPES.get(t, t) for t in self.types)
-        return (_plan_again, (self.cls, self.kinds, types, self.exposed, self.partial))
+        return (_plan_again, (self.cls, self.parts, types, self.exposed, self.partial))
 
 
 # Types whose static values the aux holds as they are (never wrapped by `hold`), so
@@ -139,10 +131,10 @@ Aux = tuple
 
 
 def _plan_again(
-    cls: type, kinds: Any, types: Any, exposed: bool, partial: bool
+    cls: type, parts: Any, types: Any, exposed: bool, partial: bool
 ) -> "Plan":
     return plan_for(
-        fields_of(cls), kinds, tuple(map(_type_of, types)), exposed, partial
+        fields_of(cls), parts, tuple(map(_type_of, types)), exposed, partial
     )
 
 
@@ -160,14 +152,14 @@ def _type_of(named: Any) -> Any:
     return _UNNAMED_TYPES.get(named, named) if type(named) is str else named
 
 
-def entry_types(kinds: tuple[int, ...], entries: Any) -> tuple[Any, ...]:
+def entry_types(parts: tuple[int, ...], entries: Any) -> tuple[Any, ...]:
     """The types a plan keys: of each entry's value where it stands alone."""
     out, j = [], 0
-    for kind in kinds:
-        if kind == STATIC:
+    for part in parts:
+        if part == ENTRY:
             entry = entries[j]
             out.append(None if _is_record(entry) else _type_keyed(entry))
-        if kind != CHILD:
+        if part != CHILD:
             j += 1
     return tuple(out)
 
@@ -193,19 +185,19 @@ _MOST_PLANS: Final = 256
 
 def plan_for(
     spec: FieldSpec,
-    kinds: tuple[int, ...],
+    parts: tuple[int, ...],
     types: tuple[Any, ...],
     exposed: bool,
     partial: bool = False,
 ) -> Plan:
-    """The plan of `spec`'s class for these kinds and entry types (`partial`: of an
+    """The plan of `spec`'s class for these parts and entry types (`partial`: of an
     instance still in `__init__`, some fields unset)."""
-    key = (kinds, types, exposed, partial)
+    key = (parts, types, exposed, partial)
     try:
         return spec.plans[key]
     except KeyError:
         _bound(spec.plans)
-        plan = Plan(spec, kinds, types, exposed)
+        plan = Plan(spec, parts, types, exposed)
         if partial:
             plan.partial = True
             plan.order = None  # `_fill` leaves the unset fields out
@@ -219,12 +211,12 @@ def _bound(cache: dict[Any, Any]) -> None:
 
 class Signature:
     """What a class's instances whose field values have one tuple of types need:
-    each field's action, and where every field is taken or kept as it is, the plan,
+    the way each field is taken, and where every field is taken or kept as it is, the plan,
     the C calls that pick the children and entries, and the aux itself where there
     is no entry."""
 
     __slots__ = (
-        "actions",
+        "ways",
         "plan",
         "children",
         "entries",
@@ -237,23 +229,23 @@ class Signature:
 
     def __init__(
         self,
-        actions: tuple[int, ...],
+        ways: tuple[str, ...],
         plan: Plan | None,
         simple: bool,
         partial: bool = False,
     ):
-        self.actions, self.plan, self.partial = actions, plan, partial
+        self.ways, self.plan, self.partial = ways, plan, partial
         self.tried = False  # whether code was generated, or could not be, for it
         self.by_value = False  # the plan depends on the values, not just their types
-        # Where a field is split: the plan of each kinds of fields met (the entry
-        # types follow from the value types and the kinds).
+        # Where a field is split: the plan of each tuple of parts met (the entry
+        # types follow from the value types and the parts).
         self.resolved: dict[tuple[int, ...], Plan] = {}
         self.children: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
         self.entries: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
         self.aux: Aux | None = None
         if simple:
-            self.children = picker([i for i, a in enumerate(actions) if a == TAKE])
-            kept = [i for i, a in enumerate(actions) if a == KEEP]
+            self.children = picker([i for i, w in enumerate(ways) if w == TAKE])
+            kept = [i for i, w in enumerate(ways) if w == KEEP]
             self.entries = picker(kept)
             if not kept:
                 self.aux = (plan,)
@@ -268,58 +260,29 @@ def picker(at: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
     return operator.itemgetter(*at)
 
 
-def _action(value: Any, declared_static: bool, array_field: bool) -> int:
-    """What becomes of a field value of this type (see `TAKE` ...)."""
-    cat = category(value)
-    if declared_static:
-        if cat == CONTAINER:
-            return WHOLE
-        return _static_action(value)
-    if cat in (ARRAY, NONE, NODE):
-        return TAKE
-    if cat in (LAYER, CARRIER):
-        return CARRY
-    if cat in (NUMBER, SHAPE):
-        if array_field:
-            return TAKE
-        return KEEP if type(value) in (int, bool) else HOLD
-    if cat in (NDARRAY, CONTAINER):
-        return SPLIT
-    return _static_action(value)
-
-
-def _static_action(value: Any) -> int:
-    """KEEP for a static value of a type `hold` never wraps, HOLD for any other,
-    decided by the type alone: a float is held exactly whenever it is a zero or a
-    NaN, and a class whenever it is a numpy scalar type, whatever the value this
-    type was first met with."""
-    return KEEP if held_as_themselves((type(value),)) else HOLD
-
-
 def new_signature(spec: FieldSpec, types: tuple[type, ...], values: Any) -> Signature:
-    actions = tuple(
-        map(_action, values, spec.declared_static, spec.array_fields),
-    )
+    ways = tuple(map(way_of, values, spec.declared_static, spec.array_fields))
     plan = None
     if _Unset in types:  # flattened inside `__init__`: not cached
-        return Signature(actions, None, False, partial=True)
+        return Signature(ways, None, False, partial=True)
     # A class held as a static value is keyed in the plan as a dtype or as a class,
     # by its value (`np.float32` or `int`): the plan is found at each flatten.
-    by_value = any(a == HOLD and t is type for a, t in zip(actions, types))
-    if SPLIT not in actions and not by_value:
-        kinds = tuple(CHILD if a in (TAKE, CARRY) else STATIC for a in actions)
-        entries = [entry_of(a, v) for a, v in zip(actions, values) if a >= KEEP]
-        plan = plan_for(spec, kinds, entry_types(kinds, entries), False)
-    signature = Signature(actions, plan, set(actions) <= {TAKE, KEEP})
+    by_value = any(w == HOLD and t is type for w, t in zip(ways, types))
+    if SPLIT not in ways and not by_value:
+        parts = tuple(map(PART_OF.__getitem__, ways))
+        entries = [entry_of(w, v) for w, v in zip(ways, values) if PART_OF[w] == ENTRY]
+        plan = plan_for(spec, parts, entry_types(parts, entries), False)
+    signature = Signature(ways, plan, set(ways) <= {TAKE, KEEP})
     signature.by_value = by_value
     _bound(spec.signatures)
     return spec.signatures.setdefault(types, signature)
 
 
-def entry_of(action: int, value: Any) -> Any:
-    if action == KEEP:
+def entry_of(way: str, value: Any) -> Any:
+    """The static entry of a field value taken `KEEP`, `HOLD` or `WHOLE`."""
+    if way == KEEP:
         return value
-    return hold(value) if action == HOLD else whole(value)
+    return hold(value) if way == HOLD else whole(value)
 
 
 class _Unset:

@@ -21,8 +21,9 @@ from typing import Any, Final
 from .._compat import trace_state
 from ._checks import warn_once
 from ._fields import fields_of
-from ._split import STATIC, value_of
+from ._split import static_value
 from ._static import static_key
+from ._ways import CHILD, ENTRY
 
 
 class RetraceWarning(UserWarning):
@@ -94,11 +95,11 @@ def is_traced() -> bool:
 
 def _note(cls: type, aux: Any, trace: Any) -> None:
     plan = aux[0]
-    statics = [k for k in plan.kinds if k != 0]  # the kinds of the entries, in order
-    for name, kind, entry in zip(plan.entry_names, statics, aux[1:]):
-        if kind != STATIC:
+    with_entries = [p for p in plan.parts if p != CHILD]  # in the entries' order
+    for name, part, entry in zip(plan.entry_names, with_entries, aux[1:]):
+        if part != ENTRY:
             continue
-        value = value_of(STATIC, None, entry)
+        value = static_value(entry)
         if type(value) in COUNTED_TYPES:
             _count(cls, name, value, trace, _message)
 
@@ -112,7 +113,7 @@ def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
     if _after is None or plan.exposed:
         return
     array_fields = dict(zip(plan.names, fields_of(cls).array_fields))
-    names = (name for name, kind in zip(plan.names, plan.kinds) if kind != STATIC)
+    names = (name for name, part in zip(plan.names, plan.parts) if part != ENTRY)
     for name, child in zip(names, children):
         if type(child) in COUNTED_TYPES and array_fields[name]:
             _count(cls, name, child, trace_state.value, _held_message)

@@ -1,12 +1,12 @@
 """Splitting one field's value into its pytree child and its static entry, and back.
 
-A value is of one kind:
+A value gives its node one part (`_ways`):
 
 - CHILD: every leaf is dynamic (arrays, nodes, `None`): the child is the value, with
   each `eqx.nn` layer as its carrier;
-- STATIC: no leaf is: the aux holds the value (`StaticSeq`, `StaticTree`, or the
+- ENTRY: no leaf is: the aux holds the value (`StaticSeq`, `StaticTree`, or the
   leaf held as `_static.hold` holds it);
-- MIXED: both: the child is the value with `None` in place of each static leaf (the
+- BOTH: both: the child is the value with `None` in place of each static leaf (the
   dynamic half, as `eqx.partition` makes it) and the aux holds the static leaves and
   where they go (`FlatHoles` for a list or tuple of items, `Holes` for any other
   value).
@@ -28,7 +28,6 @@ from jax import ShapeDtypeStruct
 from .._compat import flatten_none_leaves
 from ._carriers import carriers_of, layer_of
 from ._leaves import (
-    ARRAY,
     AS_IS,
     as_is_types,
     BUILTIN_CONTAINERS,
@@ -38,28 +37,20 @@ from ._leaves import (
     is_dynamic,
     is_fieldless_namedtuple,
     item_categories,
-    jax_holds,
     LAYER,
     leaf_types,
     NDARRAY,
-    NODE,
     node_child_types,
     node_types,
     NODES,
-    NONE,
-    NUMBER,
     plain_types,
-    SHAPE,
 )
 from ._static import held_as_themselves, hold, HOLDER_TYPES, natural
-
-CHILD: Final = 0
-STATIC: Final = 1
-MIXED: Final = 2
+from ._ways import BOTH, CARRY, CHILD, ENTRY, item_way, TAKE
 
 # What the child holds for a node item: its carrier for a layer, the module itself.
 NodeChild = Callable[[Any], Any]
-Split = tuple[int, Any, Any]  # (kind, child or None, entry or None)
+Split = tuple[int, Any, Any]  # (part, child or None, entry or None)
 
 
 class StaticSeq(tuple):
@@ -70,10 +61,10 @@ class StaticSeq(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        kind, types = self[0], self[1]
+        cls, types = self[0], self[1]
         if HOLDER_TYPES.isdisjoint(types):
-            return kind(self[2:])
-        return kind(map(natural, self[2:]))
+            return cls(self[2:])
+        return cls(map(natural, self[2:]))
 
 
 class StaticTree(tuple):
@@ -88,24 +79,24 @@ class StaticTree(tuple):
 
 
 class FlatHoles(tuple):
-    """The static items of a MIXED list or tuple (a block's `[Linear, relu, Linear]`):
+    """The static items of a list or tuple split in both parts (a block's `[Linear, relu, Linear]`):
     `(list or tuple, positions, item types, *held items)`; the child holds `None` at
     `positions`."""
 
     __slots__ = ()
 
     def fill(self, child: Any) -> Any:
-        kind, positions = self[0], self[1]
-        if type(child) is not kind or len(child) <= positions[-1]:
+        cls, positions = self[0], self[1]
+        if type(child) is not cls or len(child) <= positions[-1]:
             return child  # an `is_leaf` tree_map changed it: no place for the items
         items = list(child)
         for i, leaf in zip(positions, self[3:]):
             items[i] = natural(leaf)
-        return items if kind is list else tuple(items)
+        return items if cls is list else tuple(items)
 
 
 class Holes(tuple):
-    """The static leaves of any other MIXED value: `(treedef, positions, leaf types,
+    """The static leaves of any other value split in both parts: `(treedef, positions, leaf types,
     *held leaves)`, the treedef that of the value with nodes as leaves, the child
     the value with `None` at `positions` among its leaves."""
 
@@ -155,17 +146,17 @@ def _fill_places(treedef: Any, value: Any, held: dict[int, Any], start: int) -> 
 RECORDS: Final = frozenset({StaticSeq, StaticTree, FlatHoles, Holes})
 
 
-def value_of(kind: int, child: Any, entry: Any) -> Any:
-    """The attribute value of a field split into `child` and `entry`."""
-    if kind == CHILD:
+def value_of(part: int, child: Any, entry: Any) -> Any:
+    """The attribute value of a field of `part` split into `child` and `entry`."""
+    if part == CHILD:
         return child
-    if kind == MIXED:
+    if part == BOTH:
         return entry.fill(child)
     return static_value(entry)
 
 
 def static_value(entry: Any) -> Any:
-    """The attribute value of a STATIC field's entry: a record's value, a held
+    """The attribute value of an ENTRY field's entry: a record's value, a held
     leaf's (`natural`), or the entry itself."""
     value = _VALUE_OF_ENTRY.get(type(entry))
     return entry if value is None else value(entry)
@@ -181,13 +172,13 @@ _VALUE_OF_ENTRY: Final[dict[type, Callable[[Any], Any]]] = {
 
 
 def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
-    """The kind of a field's numpy array or container `value` (the field values
-    whose kind follows from their value, `_plan.SPLIT`) and its child and entry (see
+    """The part of a field's numpy array or container `value` (the field values
+    whose part follows from their value, `_ways.SPLIT`) and its child and entry (see
     the module docstring)."""
     if category(value) == NDARRAY:  # of a dtype JAX holds: others are refused
         return CHILD, value, None
-    kind = type(value)
-    if kind is list or kind is tuple:
+    cls = type(value)
+    if cls is list or cls is tuple:
         return _split_items(value, array_field, node_child)
     return _split_tree(value, array_field, node_child)
 
@@ -201,7 +192,7 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     general path."""
     types = tuple(map(type, value))
     if types and not array_field and RAW.issuperset(types):  # sizes, names
-        return STATIC, None, StaticSeq((type(value), types, *value))
+        return ENTRY, None, StaticSeq((type(value), types, *value))
     cats = item_categories(value)
     if AS_IS.issuperset(cats):
         return CHILD, value, None
@@ -214,25 +205,23 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     items = list(value)
     positions = []
     for i, item in enumerate(items):
-        cat = category(item)
-        if cat in (LAYER, CARRIER):
+        way = item_way(item, array_field)
+        if way == CARRY:
             items[i] = node_child(item)
-        elif cat in (ARRAY, NODE, NONE) or (cat == NDARRAY and jax_holds(item.dtype)):
-            continue
-        elif not (array_field and (cat in (NUMBER, SHAPE))):
+        elif way != TAKE:
             positions.append(i)
-    kind = type(value)
+    cls = type(value)
     if not positions:
-        return CHILD, (items if kind is list else tuple(items)), None
+        return CHILD, (items if cls is list else tuple(items)), None
     if len(positions) == len(items):  # no child: static whole
         held = [hold(x) for x in value]
-        return STATIC, None, StaticSeq((kind, tuple(map(type, held)), *held))
+        return ENTRY, None, StaticSeq((cls, tuple(map(type, held)), *held))
     held = [hold(value[i]) for i in positions]
     for i in positions:
         items[i] = None
-    child = items if kind is list else tuple(items)
+    child = items if cls is list else tuple(items)
     types = tuple(map(type, held))
-    return MIXED, child, FlatHoles((kind, tuple(positions), types, *held))
+    return BOTH, child, FlatHoles((cls, tuple(positions), types, *held))
 
 
 def whole(value: Any) -> Any:
@@ -240,10 +229,10 @@ def whole(value: Any) -> Any:
     Equinox keeps it (a copy of its containers)."""
     if category(value) != CONTAINER:
         return hold(value)
-    kind = type(value)
-    if (kind is list or kind is tuple) and CONTAINER not in item_categories(value):
+    cls = type(value)
+    if (cls is list or cls is tuple) and CONTAINER not in item_categories(value):
         held = [hold(x) for x in value]
-        return StaticSeq((kind, tuple(map(type, held)), *held))
+        return StaticSeq((cls, tuple(map(type, held)), *held))
     leaves, treedef = jtu.tree_flatten(value)
     held = [hold(x) for x in leaves]
     return StaticTree((treedef, tuple(map(type, held)), *held))
@@ -302,8 +291,8 @@ def _split_plain(
 def dynamic_types(array_field: bool) -> set[type]:
     """The types of the leaves of a container that are children, modules and layers
     included (numpy arrays are, by their dtype)."""
-    kinds = node_child_types | as_is_types
-    return kinds | NUMBER_TYPES if array_field else kinds
+    types = node_child_types | as_is_types
+    return types | NUMBER_TYPES if array_field else types
 
 
 def _split_walked(value: Any, array_field: bool, node_child: NodeChild) -> Split:
@@ -353,7 +342,7 @@ def _with_holes(
 ) -> Split:
     """The split of a value with static leaves at `positions`, held as `held`."""
     if len(positions) == len(leaves):
-        return STATIC, None, StaticTree((treedef, held_types, *held))
+        return ENTRY, None, StaticTree((treedef, held_types, *held))
     if node_child_types.isdisjoint(types):
         parts = list(leaves)
     else:
@@ -361,7 +350,7 @@ def _with_holes(
     for i in positions:
         parts[i] = None
     child = treedef.unflatten(parts)
-    return MIXED, child, Holes((treedef, positions, held_types, *held))
+    return BOTH, child, Holes((treedef, positions, held_types, *held))
 
 
 def _kept_whole(x: Any) -> bool:
@@ -373,9 +362,9 @@ def _kept_whole(x: Any) -> bool:
     Equinox's `Static`, stays static.)"""
     if x is None:
         return True
-    kind = category(x)
-    if kind != CONTAINER:
-        return kind in NODES
+    cat = category(x)
+    if cat != CONTAINER:
+        return cat in NODES
     return is_fieldless_namedtuple(x)
 
 

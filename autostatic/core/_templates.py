@@ -36,7 +36,8 @@ from ._leaves import (
 )
 from ._plan import entry_types, plan_for
 from ._retrace import is_traced, note_held_numbers
-from ._split import CHILD, MIXED, STATIC, whole
+from ._split import whole
+from ._ways import BOTH, CHILD, ENTRY
 
 Aux = tuple
 
@@ -59,8 +60,8 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     the children is still not an array, the instance is a template."""
     leaves = jtu.tree_leaves(children, is_leaf=stops)
     if any(category(x) == CARRIER for x in leaves):
-        for name, kind in zip(aux[0].names, aux[0].kinds):
-            if kind != STATIC and name in attrs:
+        for name, part in zip(aux[0].names, aux[0].parts):
+            if part != ENTRY and name in attrs:
                 attrs[name] = jtu.tree_map(layer_of, attrs[name], is_leaf=stops)
     if aux[0].exposed or not all(category(x) in REAL for x in leaves):
         remember_template(obj, aux, children)
@@ -132,7 +133,7 @@ def take_structure(layer: Any, aux: Aux) -> None:
     function fields Equinox makes leaves), a template of that structure: its values
     where `aux` has children, the static values `aux` holds (the model's) elsewhere.
     Left as it is where it holds an array, or `aux` has a mixed field."""
-    if MIXED in aux[0].kinds or _holds_array(layer):
+    if BOTH in aux[0].parts or _holds_array(layer):
         return
     _remember_as(layer, aux)
 
@@ -143,8 +144,8 @@ def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:
     before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
     plan = aux[0]
     return all(
-        kind == CHILD or before.get(name) is after.get(name)
-        for name, kind in zip(plan.names, plan.kinds)
+        part == CHILD or before.get(name) is after.get(name)
+        for name, part in zip(plan.names, plan.parts)
     )
 
 
@@ -158,10 +159,10 @@ def take_markers(layer: Any) -> None:
         return
     spec = fields_of(type(layer))
     attrs = object.__getattribute__(layer, "__dict__")
-    kinds = tuple(STATIC if marked else CHILD for marked in spec.declared_static)
+    parts = tuple(ENTRY if marked else CHILD for marked in spec.declared_static)
     fields = zip(spec.names, spec.declared_static)
     entries = [whole(attrs[name]) for name, marked in fields if marked]
-    plan = plan_for(spec, kinds, entry_types(kinds, entries), False)
+    plan = plan_for(spec, parts, entry_types(parts, entries), False)
     _remember_as(layer, (plan, *entries))
 
 
@@ -174,7 +175,7 @@ def _remember_as(layer: Any, aux: Aux) -> None:
     `aux`'s plan has as children."""
     plan = aux[0]
     attrs = object.__getattribute__(layer, "__dict__")
-    kept = [name for name, kind in zip(plan.names, plan.kinds) if kind == CHILD]
+    kept = [name for name, part in zip(plan.names, plan.parts) if part == CHILD]
     remember_template(layer, aux, tuple(attrs[name] for name in kept))
 
 
