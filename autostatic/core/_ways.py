@@ -1,14 +1,14 @@
 """How a field's value is taken into its node: the one vocabulary of the rule
-(`_plan`, per type of field value), the split (`_split`, per value) and the code
-generated per class (`_generated`).
+(here), the plans (`_plan`, per type of field value), the split (`_split`, per value)
+and the code generated per class (`_generated`).
 
 A field gives its node one **part** (`Plan.parts`): `CHILD`, its value as a pytree
 child; `ENTRY`, a static entry in the aux; or `BOTH`, a child with holes and the
 entry that fills them.
 
 The **way** a field value is taken, found by the rule from its category (`_leaves`)
-and the field's declaration (`_plan.way_of`), and for an item of a list or tuple,
-likewise (`_plan.item_way`):
+and the field's declaration (`way_of`), and for an item of a list or tuple, likewise
+(`item_way`):
 
 - `TAKE`: the child is the value, as it is (an array, a module, `None`);
 - `CARRY`: the child is an `eqx.nn` layer's carrier (`_carriers`);
