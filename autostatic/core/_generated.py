@@ -156,7 +156,6 @@ def fast_flatten(
     returns the layer's carrier instead of its node (`namespace` then also holds
     `new` and `carrier_class`)."""
     children, entries, checks = _fields_code(types, ways, items or {})
-    direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
     as_nodes = _fields_code(types, ways, items or {}, layers_as_nodes=True)[0]
     if carrier:
@@ -173,7 +172,7 @@ def fast_flatten(
         children=[n for n, m in zip(names, ways) if m in _CHILDREN or m == ITEMS],
         entries=[n for n, m in zip(names, ways) if m in _ENTRIES or m == ITEMS],
         unpack="".join(f"v{i}, " for i in range(len(names))),
-        dict_of_self="self.__dict__" if direct else "dict_of(self)",
+        dict_of_self=_dict_of_self(owner),
         checks=" and ".join(checks),
         finish=finish.format(
             children=_children_tuple(children, ways),
@@ -192,6 +191,19 @@ def fast_flatten(
         scope[f"p{i}"] = tuple(statics)
         scope[f"h{i}"] = tuple(taken[k][1] for k in statics)
     return _compiled(owner, source, scope)
+
+
+def _dict_of_self(owner: type) -> str:
+    """The expression that reads an instance's `__dict__`: in C on an AutoModule,
+    whose `__getattribute__` is object's; past Equinox's Python one by `dict_of`."""
+    direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
+    return "self.__dict__" if direct else "dict_of(self)"
+
+
+def _child_check(i: int) -> str:
+    """The check of field `i`, taken `TAKE`: its type, or any other a child is as it
+    is (a bias or `None`, an array or a tracer, a module), with the same plan."""
+    return f"(type(v{i}) is t{i} or type(v{i}) in child_types)"
 
 
 def dict_getter(owner: type) -> Callable[[Any], dict[str, Any]]:
@@ -259,7 +271,7 @@ def fast_stack(
     for i, way in enumerate(ways):
         n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
         if way == TAKE:
-            child_checks.append(f"(type(v{i}) is t{i} or type(v{i}) in child_types)")
+            child_checks.append(_child_check(i))
             continue
         entry_checks.append(f"type(v{i}) is t{i}")
         if way in _CHECKS:
@@ -267,7 +279,6 @@ def fast_stack(
         same.append(f"v{i} is p{i}")
         last.append(f"p{i}")
         values.append(f"v{i}")
-    direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     aux = f"(plan, {', '.join(entries)})" if entries else "(plan,)"
     if entries:
         start = f"    {', '.join(last)}, = {'missing, ' * len(last)}\n    aux = None\n"
@@ -285,7 +296,7 @@ def fast_stack(
         types=", ".join(t.__qualname__ for t in types),
         entries=[n for n, m in zip(names, ways) if m != TAKE],
         start=start,
-        dict_of_self="self.__dict__" if direct else "dict_of(self)",
+        dict_of_self=_dict_of_self(owner),
         unpack="".join(f"v{i}, " for i in range(len(names))),
         child_checks=" and ".join(child_checks) or "True",
         entries_code=entries_code,
@@ -316,12 +327,8 @@ def _fields_code(
     with `layers_as_nodes`, children holding the layers where carriers would be."""
     child_code = _AS_NODES if layers_as_nodes else _CHILDREN
     children, entries = [], []
-    # A child's type may be any other that a field takes as a child as it is (a bias
-    # or `None`, an array or a tracer, a module), with the same plan.
     checks = [
-        f"(type(v{i}) is t{i} or type(v{i}) in child_types)"
-        if way == TAKE
-        else f"type(v{i}) is t{i}"
+        _child_check(i) if way == TAKE else f"type(v{i}) is t{i}"
         for i, way in enumerate(ways)
     ]
     for i, way in enumerate(ways):
@@ -415,14 +422,13 @@ def fast_unflatten(
         else:  # both
             value, c, e = f"aux[{e}].fill({children[c]})", c + 1, e + 1
         stores.append(f"    attrs[{name!r}] = {value}")
-    direct = getattr(owner, "__getattribute__", None) is object.__getattribute__
     source = _UNFLATTEN_TEMPLATE.format(
         qualname=owner.__qualname__,
         plan=repr(plan),
         children=[n for n, p in zip(plan.names, plan.parts) if p != ENTRY],
         entries=list(plan.entry_names),
         unpack="".join(f"{v}, " for v in children) or "()",
-        dict_of_self="self.__dict__" if direct else "dict_of(self)",
+        dict_of_self=_dict_of_self(owner),
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
         note=(
