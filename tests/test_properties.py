@@ -172,6 +172,69 @@ def test_a_flat_sequence_is_split_as_the_walk_splits_it(names, as_tuple):
         assert a is b or eqx.tree_equal(a, b)
 
 
+@property_settings
+@given(
+    st.lists(st.lists(_FLAT_ITEMS, min_size=1, max_size=2), max_size=4),
+    st.lists(st.integers(0, 7), min_size=1, max_size=5),
+    st.booleans(),
+    st.booleans(),
+)
+def test_records_are_split_by_column_as_the_walk_splits_them(
+    columns, picks, as_tuple, array_field
+):
+    # A list or tuple of tuples of one length is split column by column where each
+    # column is all dynamic or all static: the same part, child and entry as the
+    # walk of its leaves gives.
+    from autostatic.core import _node, _split
+
+    rows = [
+        tuple(_flat_item(names[pick % len(names)]) for names in columns)
+        for pick in picks
+    ]
+    value = tuple(rows) if as_tuple else rows
+    _split._split_tree(value, array_field, _node.to_carrier)  # every type met once
+    by_column = _split.split(value, array_field, _node.to_carrier)
+    walked = _split._split_tree(value, array_field, _node.to_carrier)
+    assert by_column[0] == walked[0]
+    assert type(by_column[2]) is type(walked[2]) and by_column[2] == walked[2]
+    is_none = lambda x: x is None
+    structures = [
+        jax.tree_util.tree_structure(parts[1], is_leaf=is_none)
+        for parts in (by_column, walked)
+    ]
+    assert structures[0] == structures[1]
+    leaves = [
+        jax.tree_util.tree_leaves(parts[1], is_leaf=is_none)
+        for parts in (by_column, walked)
+    ]
+    assert len(leaves[0]) == len(leaves[1])
+    assert all(a is b for a, b in zip(*leaves))
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ("array", "relu", "int"),
+        ("relu", "array", "str", "none"),
+        ("str", "int"),
+        ("half", "array", "zero"),
+    ],
+)
+@pytest.mark.parametrize("array_field", [False, True])
+def test_records_take_the_column_split(names, array_field):
+    # Records of static and dynamic columns take the column split (the property
+    # above compares the two paths only where it is taken), and give the walk's
+    # entry: the static leaves in leaf order, at their places.
+    from autostatic.core import _node, _split
+
+    rows = [tuple(_flat_item(name) for name in names) for _ in range(3)]
+    _split._split_tree(rows, array_field, _node.to_carrier)
+    found = _split._split_rows(rows, array_field)
+    assert found is not None
+    walked = _split._split_tree(rows, array_field, _node.to_carrier)
+    assert found[0] == walked[0] and found[2] == walked[2]
+
+
 def _field_value(name):
     """One of the values whose types choose a field's generated mode."""
     key = jax.random.key(0)

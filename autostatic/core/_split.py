@@ -17,6 +17,7 @@ record is a flat tuple, compared in C; none holds a field's name or path, so equ
 values give equal treedefs wherever they sit.
 """
 
+import functools
 import itertools
 from collections.abc import Callable
 from typing import Any, Final
@@ -200,6 +201,10 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
         if node_child is layer_of:  # in a surgery: the layers themselves
             return CHILD, type(value)(map(node_child, value)), None
         return CHILD, carriers_of(value, set(map(type, value)), node_child), None
+    if cats == {CONTAINER} and types and _ROWS.issuperset(types):
+        found = _split_rows(value, array_field)
+        if found is not None:
+            return found
     if CONTAINER in cats:
         return _split_tree(value, array_field, node_child)
     items = list(value)
@@ -222,6 +227,65 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     child = items if cls is list else tuple(items)
     types = tuple(map(type, held))
     return BOTH, child, FlatHoles((cls, tuple(positions), types, *held))
+
+
+_ROWS: Final = frozenset({tuple})
+
+
+def _split_rows(value: Any, array_field: bool) -> Split | None:
+    """`_split_plain` for a list or tuple of tuples of one length whose items are
+    leaves, each column of one kind (dynamic or static: a list of `(array, jax.nn.relu,
+    size)` records), taken column by column in C calls: the same part, child and
+    entry. None for any other value."""
+    rows = tuple(value)  # one C call: another thread's change is wholly seen or not
+    if set(map(type, rows)) != _ROWS or len(set(map(len, rows))) != 1:
+        return None
+    columns = list(zip(*rows))
+    dynamic = dynamic_types(array_field)
+    static_at, static_types = [], set()
+    for j, column in enumerate(columns):
+        types = set(map(type, column))
+        if (
+            not plain_types.issuperset(types)
+            or np.ndarray in types
+            or not node_child_types.isdisjoint(types)
+        ):
+            return None  # containers or layers inside, types not met yet, or dtypes
+        if types.isdisjoint(dynamic):
+            static_at.append(j)
+            static_types |= types
+        elif not dynamic.issuperset(types):
+            return None  # a column of both kinds: leaf by leaf
+    if not static_at:
+        return CHILD, value, None
+    width = len(columns)
+    treedef, positions = _rows_layout(type(value), len(rows), width, tuple(static_at))
+    held = list(_chain(zip(*[columns[j] for j in static_at])))
+    if not held_as_themselves(static_types):
+        held = list(map(hold, held))
+    held_types = tuple(map(type, held))
+    if len(static_at) == width:
+        return ENTRY, None, StaticTree((treedef, held_types, *held))
+    nones = itertools.repeat(None)
+    kept = [nones if j in static_at else column for j, column in enumerate(columns)]
+    child = list(zip(*kept))
+    if type(value) is not list:
+        child = tuple(child)
+    return BOTH, child, Holes((treedef, positions, held_types, *held))
+
+
+_chain: Final = itertools.chain.from_iterable
+
+
+@functools.lru_cache(maxsize=64)
+def _rows_layout(
+    cls: type, length: int, width: int, static_at: tuple[int, ...]
+) -> tuple[Any, tuple[int, ...]]:
+    """The treedef (`None`s as leaves) of a list or tuple of `length` tuples of
+    `width` leaves, and the leaf positions of the columns `static_at`."""
+    _, treedef = flatten_none_leaves(cls([(0,) * width] * length), False)
+    starts = [range(j, length * width, width) for j in static_at]
+    return treedef, tuple(_chain(zip(*starts)))
 
 
 def whole(value: Any) -> Any:
