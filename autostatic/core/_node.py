@@ -56,7 +56,15 @@ from ._plan import (
 )
 from ._split import FlatHoles, RAW, split, static_value, StaticSeq
 from ._static import hold
-from ._templates import flatten_template, real_items, settle, templates
+from ._templates import (
+    check_leaves,
+    flatten_template,
+    is_template,
+    pending,
+    resolve,
+    settle,
+    templates,
+)
 from ._ways import (
     CARRY,
     CHILD,
@@ -109,6 +117,8 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         return
     ways, items = found
     spec.specialised = True
+    if not _TAKEN_AS_IS.issuperset(ways):
+        plan.rebuilt = True
     namespace = {
         "templates": templates,
         "read": spec.read,
@@ -143,6 +153,11 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     namespace["general"] = spec.general_flatten
     fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, False, items)
     specialise(registered, fast)
+
+
+# The generated flatten's ways that never rebuild a container child (a carried
+# layer is a child of its own).
+_TAKEN_AS_IS: Final = frozenset({TAKE, CARRY, KEEP, HOLD, HOLD_FLOAT, TREE, SEQUENCE})
 
 
 def _generated_ways(
@@ -225,6 +240,8 @@ def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], 
     direct = getattr(spec.owner, "__getattribute__", None) is _object_getattribute
 
     def flatten_one(obj: Any) -> tuple[tuple[Any, ...], Aux]:
+        if pending:
+            resolve(obj)
         if templates:
             template = templates.get(id(obj))
             if template is not None and template[0]() is obj:
@@ -259,6 +276,7 @@ def _flatten_by_ways(
 ) -> tuple[tuple[Any, ...], Aux]:
     node_child = node_child_now()
     children, entries, parts = [], [], []
+    rebuilt = False
     for i, (way, value) in enumerate(zip(signature.ways, values)):
         if way == TAKE:
             children.append(value)
@@ -268,6 +286,7 @@ def _flatten_by_ways(
             part, child, entry = split(value, spec.array_fields[i], node_child)
             if part != ENTRY:
                 children.append(child)
+                rebuilt = rebuilt or child is not value
             if part != CHILD:
                 entries.append(entry)
             parts.append(part)
@@ -288,6 +307,8 @@ def _flatten_by_ways(
             plan = plan_for(spec, parts, types, False, signature.partial)
             if len(signature.resolved) < _MOST_PARTS:
                 signature.resolved[parts] = plan
+    if rebuilt and not plan.rebuilt:
+        plan.rebuilt = True
     return tuple(children), (plan, *entries)
 
 
@@ -366,12 +387,13 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
         attrs.update(zip(plan.names, plan.order(children + aux)))
     else:
         _fill(plan, attrs, aux, children)
-    if plan.exposed or not (
-        real_types.issuperset(map(type, children)) or real_items(children)
-    ):
+    if plan.exposed:
         settle(obj, attrs, aux, children)
-    elif not plan.partial and cls not in _fast_unflattens:
-        _install_fast_unflatten(cls, plan, children)
+    else:
+        if not real_types.issuperset(map(type, children)):
+            check_leaves(obj, attrs, aux, children)
+        if not (plan.partial or cls in _fast_unflattens or is_template(obj)):
+            _install_fast_unflatten(cls, plan, children)
     if plan.counted and plan.last_aux_id != id(aux):
         _noted(cls, aux, children)
     return obj
@@ -399,9 +421,8 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
     namespace = {
         "general": unflatten,
         "new": _object_new,
-        "settle": settle,
         "real": real_types,
-        "real_items": real_items,
+        "check_leaves": check_leaves,
         "noted": _noted,
         "static_value": static_value,
     }
