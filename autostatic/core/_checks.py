@@ -26,7 +26,7 @@ import types
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import equinox as eqx
 import jax
@@ -199,12 +199,17 @@ def is_uncomparable(value: Any) -> bool:
 
 
 def _items(value: Any) -> list[tuple[Any, Any]] | None:
-    """`(key, item)` pairs of a built-in container JAX flattens as a node, else None."""
-    if type(value) in (list, tuple) or (
-        isinstance(value, tuple) and hasattr(type(value), "_fields")
+    """`(key, item)` pairs of a built-in container JAX flattens as a node, else None.
+    Told by type: `isinstance` would ask an `eqx.Module` for its `__class__`, through
+    its Python `__getattribute__`."""
+    kind = type(value)
+    if (
+        kind is list
+        or kind is tuple
+        or (issubclass(kind, tuple) and hasattr(kind, "_fields"))
     ):
         return list(enumerate(value))
-    if isinstance(value, dict) and type(value) in BUILTIN_CONTAINERS:
+    if kind in BUILTIN_CONTAINERS:  # the dicts among them: lists and tuples are above
         return list(value.items())
     return None
 
@@ -222,6 +227,8 @@ def static_leaves(value: Any, where: str) -> list[tuple[tuple[Any, ...], Any]]:
     nodes and other registered pytrees are leaves here. Iterative (a nest is limited
     by JAX's own flatten, not Python's recursion limit); a container met again on
     its own path raises `ContainerCycleError` naming where."""
+    if _items(value) is None:  # a leaf itself: most fields
+        return [((), value)]
     out: list[tuple[tuple[Any, ...], Any]] = []
     stack: list[tuple[tuple[Any, ...], Any, bool]] = [((), value, False)]
     on_path: set[int] = set()
@@ -258,7 +265,7 @@ def _plain_items(value: Any) -> set[int] | None:
 def check_acyclic(value: Any, where: str) -> None:
     if _plain_items(value) is not None:
         return
-    if type(value) in BUILTIN_CONTAINERS or isinstance(value, tuple):
+    if type(value) in BUILTIN_CONTAINERS or issubclass(type(value), tuple):
         static_leaves(value, where)
 
 
@@ -291,7 +298,7 @@ def check_field(module: Any, name: str, value: Any, declared_static: bool) -> bo
         elif cat == NDARRAY:
             _refuse_ndarray(format_path(where, keys), leaf)
         else:
-            _check_static(cls, format_path(where, keys), leaf, bool(keys))
+            _check_static(cls, where, keys, leaf, bool(keys))
     return carriers
 
 
@@ -367,7 +374,7 @@ def _check_node(
         elif category(leaf) == NDARRAY:
             _refuse_ndarray(here, leaf)
         elif category(leaf) not in (NUMBER, NONE, NODE, LAYER, CARRIER, SHAPE):
-            _check_static(type(module), here, leaf, True)
+            _check_static(type(module), here, (), leaf, True)
 
 
 def _refuse_static_array(where: str, value: Any) -> None:
@@ -401,17 +408,27 @@ def send_problems_to(sink: ProblemSink | None) -> None:
     _problem_sink = sink
 
 
-def _check_static(cls: type, where: str, leaf: Any, transformed: bool) -> None:
-    """Warns of a static leaf that hides an array, cannot be compared, or is an
-    iterator; and, as Equinox does, of a JAX-transformed callable."""
+def _check_static(
+    cls: type, field: str, keys: tuple[Any, ...], leaf: Any, transformed: bool
+) -> None:
+    """Warns of a static leaf (of `field`, at `keys` inside it) that hides an array,
+    cannot be compared, or is an iterator; and, as Equinox does, of a JAX-transformed
+    callable (where Equinox's own `__setattr__` does not: inside a container)."""
+    if type(leaf) in _PLAIN_STATIC:
+        return
     if transformed:
         _compat.warn_if_transformed(cls, leaf)
     problem = _static_problem(leaf)
     if problem is None:
         return
+    where = format_path(field, keys)
     if _problem_sink is not None and _problem_sink(cls, f"{where} {problem}"):
         return
     warn_once((where, problem), f"{where} {problem}")
+
+
+# Static leaves of these types are fine as they are: nothing to warn of.
+_PLAIN_STATIC: Final = frozenset({str, bytes, int, float, complex, bool, type(None)})
 
 
 def _static_problem(value: Any) -> str | None:
