@@ -262,11 +262,12 @@ def _plain_items(value: Any) -> set[int] | None:
     return cats if _FINE.issuperset(cats) else None
 
 
-def check_acyclic(value: Any, where: str) -> None:
+def check_acyclic(value: Any, cls: type, name: str) -> None:
+    """Refuses an argument for the field `name` of `cls` that contains itself."""
     if _plain_items(value) is not None:
         return
     if type(value) in BUILTIN_CONTAINERS or issubclass(type(value), tuple):
-        static_leaves(value, where)
+        static_leaves(value, f"{cls.__qualname__}.{name}")
 
 
 def check_field(module: Any, name: str, value: Any, declared_static: bool) -> bool:
@@ -274,6 +275,9 @@ def check_field(module: Any, name: str, value: Any, declared_static: bool) -> bo
     docstring). A JAX-transformed callable is warned of inside containers only:
     Equinox's own `__setattr__` warns of one assigned to a field. Returns whether
     the value holds a carrier (handed out to an `is_leaf` callback)."""
+    kind = category(value)
+    if kind in _NOTHING_TO_CHECK or (kind == ARRAY and not declared_static):
+        return False
     cls = type(module)
     where = f"{cls.__qualname__}.{name}"
     if (cats := _plain_items(value)) is not None:
@@ -300,6 +304,10 @@ def check_field(module: Any, name: str, value: Any, declared_static: bool) -> bo
         else:
             _check_static(cls, where, keys, leaf, bool(keys))
     return carriers
+
+
+# Field values that are leaves with nothing to refuse or warn of, wherever they are.
+_NOTHING_TO_CHECK: Final = frozenset({NONE, NUMBER, SHAPE})
 
 
 def check_numpy_number(cls: type, name: str, value: Any) -> None:

@@ -80,7 +80,7 @@ class _AutoModuleMeta(ModuleMeta):
             # list ends in a RecursionError that can leave the interpreter unusable.
             names = _fields.fields_of(cls).names
             for name, arg in (*zip(names, args), *kwargs.items()):
-                check_acyclic(arg, f"{cls.__qualname__}.{name}")
+                check_acyclic(arg, cls, name)
         try:
             obj = super().__call__(*args, **kwargs)
         except TypeError as err:
