@@ -34,8 +34,9 @@ import equinox as eqx
 class CarrierBase:
     """The slots of every carrier: its layer's children and aux, and the layer
     (named apart from every layer's fields, which the carrier class reads through).
-    Two slots, not one `(children, aux)` pair: one object fewer per layer for the
-    collector, in a flatten that makes a carrier of every layer at once."""
+    The children and aux in slots of their own, not one `(children, aux)` pair: one
+    object fewer per layer for the collector, in a flatten that makes a carrier of
+    every layer at once."""
 
     __slots__ = (
         "_autostatic_children",

@@ -148,9 +148,8 @@ def fast_flatten(
     `general`, `read`, `plan`, `aux` (the aux of a node without entries),
     `raw` (the item types of a sequence), `as_is` and `child_types` (both
     `_leaves.as_is_types`, named apart so that each check can be measured without
-    the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carry`
-    (what makes a layer's carrier), `carried` (what makes one of a layer class, by
-    class), `surgeries` and `in_surgery` (`_carriers`: in a surgery, layers are
+    the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carried`
+    (what makes the carrier of a layer, by its class), `surgeries` and `in_surgery` (`_carriers`: in a surgery, layers are
     children as they are). `items` gives, per field of way `ITEMS`, the way and
     type of each item (`namespace` then also holds `flat_holes`). With `carrier`, it
     returns the layer's carrier instead of its node (`namespace` then also holds

@@ -130,7 +130,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "child_types": as_is_types,
         "sequence": StaticSeq,
         "hold": hold,
-        "carry": to_carrier,
         "carried": _carried,
         "stack_of": stack_of,
         "flat_holes": FlatHoles,

@@ -258,10 +258,8 @@ class Signature:
 
 def picker(at: list[int]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
     """The items of a tuple at `at`, as a tuple, in one C call."""
-    if not at or at == list(range(at[0], at[-1] + 1)):
+    if not at or at == list(range(at[0], at[-1] + 1)):  # one item included
         return operator.itemgetter(slice(at[0], at[-1] + 1) if at else slice(0, 0))
-    if len(at) == 1:
-        return operator.itemgetter(slice(at[0], at[0] + 1))
     return operator.itemgetter(*at)
 
 
