@@ -26,6 +26,7 @@ import linecache
 from collections.abc import Callable
 from typing import Any, Final
 
+from ._static import RAW_ENTRY_TYPES
 from ._ways import (
     CARRY,
     CHILD,
@@ -367,9 +368,6 @@ def _items_code(
     return child, entry
 
 
-# Static entry types that are their own attribute values (`_static.hold` wraps none).
-_RAW_TYPES: Final = frozenset({int, bool, str, bytes, type(None)})
-
 _UNFLATTEN_TEMPLATE: Final = '''\
 def unflatten(cls, aux, children):
     """{qualname}'s unflatten for the plan {plan}: the children {children}, the
@@ -416,7 +414,7 @@ def fast_unflatten(
         if part == CHILD:
             value, c = children[c], c + 1
         elif part == ENTRY:
-            raw = next(types) in _RAW_TYPES
+            raw = next(types) in RAW_ENTRY_TYPES
             value, e = (f"aux[{e}]" if raw else f"static_value(aux[{e}])"), e + 1
         else:  # both
             value, c, e = f"aux[{e}].fill({children[c]})", c + 1, e + 1

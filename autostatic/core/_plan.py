@@ -13,7 +13,7 @@ import jax.tree_util as jtu
 from . import _retrace
 from ._fields import fields_of, FieldSpec
 from ._split import RECORDS, whole
-from ._static import hold, natural, SameDtype, Snapshot
+from ._static import hold, natural, RAW_ENTRY_TYPES, SameDtype, Snapshot
 from ._ways import (
     BOTH,
     CHILD,
@@ -81,7 +81,7 @@ class Plan:
         # Where every static entry is its own value (no record, nothing held): the
         # field values in field order, picked out of `children + aux` in one C call.
         self.order = None
-        if BOTH not in parts and all(t in _RAW for t in types):
+        if BOTH not in parts and RAW_ENTRY_TYPES.issuperset(types):
             n_children = sum(p == CHILD for p in parts)
             at, c, e = [], 0, n_children + 1
             for part in parts:
@@ -122,11 +122,6 @@ class Plan:
         # `types` module by name.
         types = tuple(_NAMES_OF_TYPES.get(t, t) for t in self.types)
         return (_plan_again, (self.cls, self.parts, types, self.exposed, self.partial))
-
-
-# Types whose static values the aux holds as they are (never wrapped by `hold`), so
-# that they are the attribute values themselves.
-_RAW: Final = frozenset({int, bool, str, bytes, type(None)})
 
 
 # A node's aux data: `(plan, *entries)`, one entry per field with static data. A

@@ -436,6 +436,8 @@ _MOST_TYPES: Final = 4096
 HOLDER_TYPES: Final = frozenset(
     {SetValue, Compared, SameProgram, ExactFloat, SameDtype, SamePartial, Snapshot}
 )
+# The types whose values `hold` never wraps: an entry of one is the value itself.
+RAW_ENTRY_TYPES: Final = frozenset({int, bool, str, bytes, type(None)})
 
 
 def natural(leaf: Any) -> Any:
@@ -443,13 +445,4 @@ def natural(leaf: Any) -> Any:
     kind = type(leaf)
     if kind is SetValue:
         return leaf.kind(leaf)
-    if (
-        kind is Compared
-        or kind is SameProgram
-        or kind is ExactFloat
-        or kind is SameDtype
-        or kind is SamePartial
-        or kind is Snapshot
-    ):
-        return leaf.value
-    return leaf
+    return leaf.value if kind in HOLDER_TYPES else leaf

@@ -37,12 +37,10 @@ from ._leaves import (
     real_types,
     stops,
 )
-from ._plan import entry_types, plan_for
+from ._plan import Aux, entry_types, plan_for
 from ._retrace import is_traced, note_held_numbers
 from ._split import whole
 from ._ways import BOTH, CHILD, ENTRY
-
-Aux = tuple
 
 
 def real_items(children: Any) -> bool:
