@@ -65,8 +65,13 @@ def check_leaves(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> No
         if not real_items(children):
             settle(obj, attrs, aux, children)
         return
-    key = id(obj)  # forgotten in C when `obj` goes: `pending.pop(key, ref)`
-    ref = weakref.ref(obj, functools.partial(dict.pop, pending, key))
+    key = id(obj)
+    try:  # forgotten in C when `obj` goes: `pending.pop(key, ref)`
+        ref = weakref.ref(obj, functools.partial(dict.pop, pending, key))
+    except TypeError:  # not weakly referenceable: decided now
+        if not real_items(children):
+            settle(obj, attrs, aux, children)
+        return
     pending[key] = (ref, aux, children)
 
 
