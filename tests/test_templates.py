@@ -25,14 +25,12 @@ class Net(asx.AutoModule):
     w: jax.Array
     sizes: list
     activation: Any
-    params: dict  # a container child: its leaves are looked at when first asked
 
     def __init__(self, key: jax.Array):
         self.linear = eqx.nn.Linear(3, 3, key=key)
         self.w = jnp.ones(3)
         self.sizes = [3, 3]
         self.activation = relu
-        self.params = {"a": jnp.ones(2), "b": [jnp.zeros(1), None]}
 
 
 class Twin(eqx.Module):
@@ -40,14 +38,12 @@ class Twin(eqx.Module):
     w: jax.Array
     sizes: list = eqx.field(static=True)
     activation: Any = eqx.field(static=True)
-    params: dict
 
     def __init__(self, key: jax.Array):
         self.linear = eqx.nn.Linear(3, 3, key=key)
         self.w = jnp.ones(3)
         self.sizes = [3, 3]
         self.activation = relu
-        self.params = {"a": jnp.ones(2), "b": [jnp.zeros(1), None]}
 
 
 KEY = jax.random.key(0)
@@ -69,45 +65,10 @@ COPIES: dict[str, Callable[[Any], Any]] = {
 def test_a_copied_template_flattens_as_the_template(cls, make, copied):
     template = make(cls)
     leaves, treedef = jax.tree_util.tree_flatten(template)
-    assert len(leaves) == 5  # the layer's weight and bias, `w`, and two in `params`
+    assert len(leaves) == 3  # the layer's weight and bias, and `w`
     again = copied(template)
     assert jax.tree_util.tree_structure(again) == treedef
     assert jax.tree_util.tree_leaves(again) == leaves
-
-
-class Params(asx.AutoModule):
-    params: dict
-    activation: Any
-
-
-class ParamsTwin(eqx.Module):
-    params: dict
-    activation: Any = eqx.field(static=True)
-
-
-PARAMS = {"a": jnp.ones(2), "b": [jnp.zeros(1), None]}
-CONTAINER_TEMPLATES: dict[str, Callable[[type], Any]] = {
-    "eval_shape": lambda cls: eqx.filter_eval_shape(cls, PARAMS, relu),
-    "filter spec": lambda cls: jax.tree.map(lambda _: True, cls(PARAMS, relu)),
-    "in_axes": lambda cls: jax.tree.map(lambda _: 0, cls(PARAMS, relu)),
-}
-
-
-AS_IS_OR_COPIES = {"as it is": lambda x: x, **COPIES}
-
-
-@pytest.mark.parametrize("copied", AS_IS_OR_COPIES.values(), ids=AS_IS_OR_COPIES.keys())
-@pytest.mark.parametrize(
-    "make", CONTAINER_TEMPLATES.values(), ids=CONTAINER_TEMPLATES.keys()
-)
-@pytest.mark.parametrize("cls", [Params, ParamsTwin], ids=["AutoModule", "eqx.Module"])
-def test_a_template_copied_before_any_flatten_flattens_as_the_model(cls, make, copied):
-    # Where every child that is no array is a container, whether the instance is a
-    # template is decided when first asked: by its first flatten, or by a copy.
-    treedef = jax.tree_util.tree_structure(cls(PARAMS, relu))
-    again = copied(make(cls))
-    assert jax.tree_util.tree_structure(again) == treedef
-    assert len(jax.tree_util.tree_leaves(again)) == 2
 
 
 def test_a_copied_eval_shape_template_loads_a_checkpoint():

@@ -378,8 +378,8 @@ def unflatten(cls, aux, children):
     self = new(cls)
     attrs = {dict_of_self}
 {stores}
-    if not ({checks}):
-        check_leaves(self, attrs, aux, children)
+    if not ({checks}) and not real_items(children):
+        settle(self, attrs, aux, children)
 {note}    return self
 '''
 
@@ -405,8 +405,8 @@ def fast_unflatten(
     in its attribute dict in field order (a child as it is, a static entry of a type
     that is its own value as it is, any other through `static_value`, a mixed field
     by its entry's `fill`), the types of the children checked against those a real
-    model holds. `namespace` holds `general`, `new`, `real`, `check_leaves`, `noted`
-    and `static_value`."""
+    model holds. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
+    `noted` and `static_value`."""
     children = [f"c{i}" for i, _ in enumerate(p for p in plan.parts if p != ENTRY)]
     types = iter(plan.types)
     stores, c, e = [], 0, 1

@@ -56,15 +56,7 @@ from ._plan import (
 )
 from ._split import FlatHoles, RAW, split, static_value, StaticSeq
 from ._static import hold
-from ._templates import (
-    check_leaves,
-    flatten_template,
-    is_template,
-    pending,
-    resolve,
-    settle,
-    templates,
-)
+from ._templates import flatten_template, real_items, settle, templates
 from ._ways import (
     CARRY,
     CHILD,
@@ -117,8 +109,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         return
     ways, items = found
     spec.specialised = True
-    if not _TAKEN_AS_IS.issuperset(ways):
-        plan.rebuilt = True
     namespace = {
         "templates": templates,
         "read": spec.read,
@@ -152,11 +142,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     namespace["general"] = spec.general_flatten
     fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, False, items)
     specialise(registered, fast)
-
-
-# The generated flatten's ways that never rebuild a container child (a carried
-# layer is a child of its own).
-_TAKEN_AS_IS: Final = frozenset({TAKE, CARRY, KEEP, HOLD, HOLD_FLOAT, TREE, SEQUENCE})
 
 
 def _generated_ways(
@@ -239,8 +224,6 @@ def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], 
     direct = getattr(spec.owner, "__getattribute__", None) is _object_getattribute
 
     def flatten_one(obj: Any) -> tuple[tuple[Any, ...], Aux]:
-        if pending:
-            resolve(obj)
         if templates:
             template = templates.get(id(obj))
             if template is not None and template[0]() is obj:
@@ -275,7 +258,6 @@ def _flatten_by_ways(
 ) -> tuple[tuple[Any, ...], Aux]:
     node_child = node_child_now()
     children, entries, parts = [], [], []
-    rebuilt = False
     for i, (way, value) in enumerate(zip(signature.ways, values)):
         if way == TAKE:
             children.append(value)
@@ -285,7 +267,6 @@ def _flatten_by_ways(
             part, child, entry = split(value, spec.array_fields[i], node_child)
             if part != ENTRY:
                 children.append(child)
-                rebuilt = rebuilt or child is not value
             if part != CHILD:
                 entries.append(entry)
             parts.append(part)
@@ -306,8 +287,6 @@ def _flatten_by_ways(
             plan = plan_for(spec, parts, types, False, signature.partial)
             if len(signature.resolved) < _MOST_PARTS:
                 signature.resolved[parts] = plan
-    if rebuilt and not plan.rebuilt:
-        plan.rebuilt = True
     return tuple(children), (plan, *entries)
 
 
@@ -386,13 +365,12 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
         attrs.update(zip(plan.names, plan.order(children + aux)))
     else:
         _fill(plan, attrs, aux, children)
-    if plan.exposed:
+    if plan.exposed or not (
+        real_types.issuperset(map(type, children)) or real_items(children)
+    ):
         settle(obj, attrs, aux, children)
-    else:
-        if not real_types.issuperset(map(type, children)):
-            check_leaves(obj, attrs, aux, children)
-        if not (plan.partial or cls in _fast_unflattens or is_template(obj)):
-            _install_fast_unflatten(cls, plan, children)
+    elif not plan.partial and cls not in _fast_unflattens:
+        _install_fast_unflatten(cls, plan, children)
     if plan.counted and plan.last_aux_id != id(aux):
         _noted(cls, aux, children)
     return obj
@@ -420,8 +398,9 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
     namespace = {
         "general": unflatten,
         "new": _object_new,
+        "settle": settle,
         "real": real_types,
-        "check_leaves": check_leaves,
+        "real_items": real_items,
         "noted": _noted,
         "static_value": static_value,
     }

@@ -46,7 +46,6 @@ class Plan:
         "last_aux_id",
         "order",
         "partial",
-        "rebuilt",
         "__weakref__",
     )
 
@@ -74,10 +73,6 @@ class Plan:
         self.counted = bool(self.numbers)
         self.last_aux_id = 0
         self.partial = False
-        # Whether a flatten with this plan rebuilt a container child (a layer in it
-        # made its carrier, or a static leaf a hole): only then can an `is_leaf`
-        # tree_map hand a carrier back inside one (`_templates.check_leaves`).
-        self.rebuilt = False
         # Where every static entry is its own value (no record, nothing held): the
         # field values in field order, picked out of `children + aux` in one C call.
         self.order = None

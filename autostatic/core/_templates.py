@@ -5,16 +5,13 @@ contract asks more of a node unflattened from any leaves: flattened again, it ha
 same structure, whatever it holds (a tree of `0`s as a vmap `in_axes`, of
 `ShapeDtypeStruct`s, of bools as a filter spec, of names as orbax makes them; deciding
 from such leaves is what inox abandoned). Such an instance is a *template*: it
-flattens as the aux and children it was unflattened with. It is told apart by a
-child's leaf that is no array: when unflattened, or where its only other children
-are lists, tuples and dicts (a jit output's, which JAX has just built), when first
-flattened or copied (`check_leaves`). (A `None` is an empty child, as in an
+flattens as the aux and children it was unflattened with. It is told apart when
+unflattened: a child's leaf that is no array. (A `None` is an empty child, as in an
 `eqx.Module`, so a model's arrays mapped to `None`s split as the arrays did, and that
 tree needs no template.) The exposed form (`_exposed`) is a template whose plan makes every field a
 child, and an array half (`_exposed.array_half`) one holding Equinox's attributes.
 """
 
-import functools
 import operator
 import weakref
 from collections.abc import Callable
@@ -55,50 +52,6 @@ def real_items(children: Any) -> bool:
     return True
 
 
-def check_leaves(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
-    """For an instance unflattened from children not all of types a real model
-    holds: whether it is a template (`settle`), decided now, or where its other
-    children are lists, tuples and dicts that no flatten of its plan rebuilt (no
-    carrier can be in them), when something first asks (`resolve`): a jit output's
-    containers are not walked a second time, after JAX built them."""
-    if aux[0].rebuilt or is_traced() or not _real_or_containers(children):
-        if not real_items(children):
-            settle(obj, attrs, aux, children)
-        return
-    key = id(obj)
-    try:  # forgotten in C when `obj` goes: `pending.pop(key, ref)`
-        ref = weakref.ref(obj, functools.partial(dict.pop, pending, key))
-    except TypeError:  # not weakly referenceable: decided now
-        if not real_items(children):
-            settle(obj, attrs, aux, children)
-        return
-    pending[key] = (ref, aux, children)
-
-
-def _real_or_containers(children: Any) -> bool:
-    for child in children:
-        kind = type(child)
-        if kind not in real_types and kind not in BUILTIN_NODES:
-            return False
-    return True
-
-
-def resolve(obj: Any) -> None:
-    """Decides now whether `obj`, if its leaves are pending (`check_leaves`), is a
-    template: before it is flattened, copied or asked for its template."""
-    record = pending.pop(id(obj), None)
-    if record is None or record[0]() is not obj:
-        return
-    _, aux, children = record
-    if not real_items(children):
-        settle(obj, object.__getattribute__(obj, "__dict__"), aux, children)
-
-
-# Instances whose children's leaves are not looked at yet (`check_leaves`), by id:
-# each with a weak reference to it, and the aux and children it was unflattened with.
-pending: dict[int, tuple["weakref.ref[Any]", Aux, Any]] = {}
-
-
 def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     """For an instance whose children are not all of types a real model holds:
     carriers an `is_leaf` tree_map gave back become their layers, and if a leaf of
@@ -119,16 +72,10 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
 templates: dict[int, tuple["weakref.ref[Any]", Aux, tuple[Any, ...]]] = {}
 
 
-def is_template(obj: Any) -> bool:
-    """Whether `obj` is a template now (one whose leaves are pending is not yet)."""
-    template = templates.get(id(obj))
-    return template is not None and template[0]() is obj
-
-
 def template_aux(obj: Any) -> Aux | None:
     """The aux a template flattens as; None for any other instance."""
-    record = _record(obj)
-    return None if record is None else record[0]
+    template = templates.get(id(obj))
+    return template[1] if template is not None and template[0]() is obj else None
 
 
 def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
@@ -137,9 +84,8 @@ def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
     pytree contract), even where it holds other values in the holes of a mixed
     field."""
     key = id(obj)
-    pending.pop(key, None)
     try:
-        ref = weakref.ref(obj, lambda _, forget=templates.pop: forget(key, None))
+        ref = weakref.ref(obj, lambda _: templates.pop(key, None))
     except TypeError:  # not weakly referenceable: flattened from its values
         return
     templates[key] = (ref, aux, tuple(children))
@@ -173,11 +119,9 @@ def restore_template(obj: Any, state: Any) -> None:
 
 
 def _record(obj: Any) -> tuple[Aux, tuple[Any, ...]] | None:
-    if pending:
-        resolve(obj)
-    if not is_template(obj):
+    template = templates.get(id(obj))
+    if template is None or template[0]() is not obj:
         return None
-    template = templates[id(obj)]
     return template[1], template[2]
 
 
@@ -241,10 +185,7 @@ def flatten_template(
     _, aux, children = template
     if aux[0].exposed:
         return children, aux
-    given = tuple(_with_nodes(c, node_child) for c in children)
-    if not aux[0].rebuilt and any(map(operator.is_not, given, children)):
-        aux[0].rebuilt = True
-    return given, aux
+    return tuple(_with_nodes(c, node_child) for c in children), aux
 
 
 def _with_nodes(value: Any, node_child: Callable[[Any], Any]) -> Any:
