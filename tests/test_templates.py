@@ -25,12 +25,14 @@ class Net(asx.AutoModule):
     w: jax.Array
     sizes: list
     activation: Any
+    params: dict  # a container child: its leaves are looked at when first asked
 
     def __init__(self, key: jax.Array):
         self.linear = eqx.nn.Linear(3, 3, key=key)
         self.w = jnp.ones(3)
         self.sizes = [3, 3]
         self.activation = relu
+        self.params = {"a": jnp.ones(2), "b": [jnp.zeros(1), None]}
 
 
 class Twin(eqx.Module):
@@ -38,12 +40,14 @@ class Twin(eqx.Module):
     w: jax.Array
     sizes: list = eqx.field(static=True)
     activation: Any = eqx.field(static=True)
+    params: dict
 
     def __init__(self, key: jax.Array):
         self.linear = eqx.nn.Linear(3, 3, key=key)
         self.w = jnp.ones(3)
         self.sizes = [3, 3]
         self.activation = relu
+        self.params = {"a": jnp.ones(2), "b": [jnp.zeros(1), None]}
 
 
 KEY = jax.random.key(0)
@@ -65,10 +69,45 @@ COPIES: dict[str, Callable[[Any], Any]] = {
 def test_a_copied_template_flattens_as_the_template(cls, make, copied):
     template = make(cls)
     leaves, treedef = jax.tree_util.tree_flatten(template)
-    assert len(leaves) == 3  # the layer's weight and bias, and `w`
+    assert len(leaves) == 5  # the layer's weight and bias, `w`, and two in `params`
     again = copied(template)
     assert jax.tree_util.tree_structure(again) == treedef
     assert jax.tree_util.tree_leaves(again) == leaves
+
+
+class Params(asx.AutoModule):
+    params: dict
+    activation: Any
+
+
+class ParamsTwin(eqx.Module):
+    params: dict
+    activation: Any = eqx.field(static=True)
+
+
+PARAMS = {"a": jnp.ones(2), "b": [jnp.zeros(1), None]}
+CONTAINER_TEMPLATES: dict[str, Callable[[type], Any]] = {
+    "eval_shape": lambda cls: eqx.filter_eval_shape(cls, PARAMS, relu),
+    "filter spec": lambda cls: jax.tree.map(lambda _: True, cls(PARAMS, relu)),
+    "in_axes": lambda cls: jax.tree.map(lambda _: 0, cls(PARAMS, relu)),
+}
+
+
+AS_IS_OR_COPIES = {"as it is": lambda x: x, **COPIES}
+
+
+@pytest.mark.parametrize("copied", AS_IS_OR_COPIES.values(), ids=AS_IS_OR_COPIES.keys())
+@pytest.mark.parametrize(
+    "make", CONTAINER_TEMPLATES.values(), ids=CONTAINER_TEMPLATES.keys()
+)
+@pytest.mark.parametrize("cls", [Params, ParamsTwin], ids=["AutoModule", "eqx.Module"])
+def test_a_template_copied_before_any_flatten_flattens_as_the_model(cls, make, copied):
+    # Where every child that is no array is a container, the template is told apart
+    # by its containers' leaves: as it is, and copied before any flatten.
+    treedef = jax.tree_util.tree_structure(cls(PARAMS, relu))
+    again = copied(make(cls))
+    assert jax.tree_util.tree_structure(again) == treedef
+    assert len(jax.tree_util.tree_leaves(again)) == 2
 
 
 def test_a_copied_eval_shape_template_loads_a_checkpoint():
@@ -94,3 +133,39 @@ def test_a_copied_in_axes_tree_batches_the_model():
     in_axes = copy.copy(TEMPLATES["in_axes"](Net))
     out = jax.vmap(lambda m: m.activation(m.linear(m.w)), in_axes=(in_axes,))(models)
     assert out.shape == (4, 3)
+
+
+class Listed(asx.AutoModule):
+    xs: list
+
+
+def test_a_template_of_a_list_field_first_met_holding_ints_keeps_its_leaves():
+    # The class's generated flatten takes a list of ints in `xs` as a static
+    # sequence: a filter spec's bools or an `in_axes` tree's ints in its place are
+    # still the template's leaves.
+    jax.tree_util.tree_structure(Listed([1, 2]))
+    model = Listed([jnp.ones(2), jnp.ones(3)])
+    treedef = jax.tree_util.tree_structure(model)
+    for leaf in (True, 0):
+        template = jax.tree.map(lambda _, leaf=leaf: leaf, model)
+        assert jax.tree_util.tree_structure(template) == treedef
+    trained, frozen = eqx.partition(model, jax.tree.map(lambda _: True, model))
+    assert eqx.tree_equal(eqx.combine(trained, frozen), model)
+
+
+@pytest.mark.parametrize(
+    "rebuild",
+    [lambda m: jax.tree.map(lambda x: x * 2, m), jax.jit(lambda m: m)],
+    ids=["tree_map", "jax.jit"],
+)
+def test_a_rebuilt_model_changed_in_place_splits_as_a_built_one(rebuild):
+    # A model JAX rebuilt (a jit output) whose dict is then given a static leaf in
+    # place splits as the same model built directly: it is no template.
+    def make() -> Params:
+        return Params({"a": jnp.ones(2)}, relu)
+
+    built, rebuilt = make(), rebuild(make())
+    built.params["name"] = "relu"
+    rebuilt.params["name"] = "relu"
+    assert jax.tree_util.tree_structure(rebuilt) == jax.tree_util.tree_structure(built)
+    assert jax.jit(lambda m: m.params["a"] + 1)(rebuilt).shape == (2,)

@@ -85,7 +85,7 @@ def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
     field."""
     key = id(obj)
     try:
-        ref = weakref.ref(obj, lambda _: templates.pop(key, None))
+        ref = weakref.ref(obj, lambda _, forget=templates.pop: forget(key, None))
     except TypeError:  # not weakly referenceable: flattened from its values
         return
     templates[key] = (ref, aux, tuple(children))
