@@ -199,19 +199,21 @@ def is_uncomparable(value: Any) -> bool:
 
 
 def _items(value: Any) -> list[tuple[Any, Any]] | None:
-    """`(key, item)` pairs of a built-in container JAX flattens as a node, else None.
-    Told by type: `isinstance` would ask an `eqx.Module` for its `__class__`, through
-    its Python `__getattribute__`."""
-    kind = type(value)
-    if (
-        kind is list
-        or kind is tuple
-        or (issubclass(kind, tuple) and hasattr(kind, "_fields"))
-    ):
+    """`(key, item)` pairs of a built-in container JAX flattens as a node, else None."""
+    if not _walked(type(value)):
+        return None
+    if isinstance(value, tuple | list):  # a namedtuple too
         return list(enumerate(value))
-    if kind in BUILTIN_CONTAINERS:  # the dicts among them: lists and tuples are above
-        return list(value.items())
-    return None
+    return list(value.items())
+
+
+def _walked(kind: type) -> bool:
+    """Whether a value of type `kind` is a built-in container JAX flattens as a node
+    (a list, tuple, namedtuple or dict): told by type, as `isinstance` would ask an
+    `eqx.Module` for its `__class__` through its Python `__getattribute__`."""
+    return kind in BUILTIN_CONTAINERS or (
+        issubclass(kind, tuple) and hasattr(kind, "_fields")
+    )
 
 
 def format_path(where: str, keys: tuple[Any, ...]) -> str:
@@ -227,7 +229,7 @@ def static_leaves(value: Any, where: str) -> list[tuple[tuple[Any, ...], Any]]:
     nodes and other registered pytrees are leaves here. Iterative (a nest is limited
     by JAX's own flatten, not Python's recursion limit); a container met again on
     its own path raises `ContainerCycleError` naming where."""
-    if _items(value) is None:  # a leaf itself: most fields
+    if not _walked(type(value)):  # a leaf itself: most fields
         return [((), value)]
     out: list[tuple[tuple[Any, ...], Any]] = []
     stack: list[tuple[tuple[Any, ...], Any, bool]] = [((), value, False)]
@@ -266,7 +268,7 @@ def check_acyclic(value: Any, cls: type, name: str) -> None:
     """Refuses an argument for the field `name` of `cls` that contains itself."""
     if _plain_items(value) is not None:
         return
-    if type(value) in BUILTIN_CONTAINERS or issubclass(type(value), tuple):
+    if _walked(type(value)):
         static_leaves(value, f"{cls.__qualname__}.{name}")
 
 
@@ -435,8 +437,9 @@ def _check_static(
     warn_once((where, problem), f"{where} {problem}")
 
 
-# Static leaves of these types are fine as they are: nothing to warn of.
-_PLAIN_STATIC: Final = frozenset({str, bytes, int, float, complex, bool, type(None)})
+# Static leaves of these types are fine as they are: nothing to warn of (numbers and
+# `None` do not get here).
+_PLAIN_STATIC: Final = frozenset({str, bytes})
 
 
 def _static_problem(value: Any) -> str | None:

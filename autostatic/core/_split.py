@@ -201,7 +201,7 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
         if node_child is layer_of:  # in a surgery: the layers themselves
             return CHILD, type(value)(map(node_child, value)), None
         return CHILD, carriers_of(value, set(map(type, value)), node_child), None
-    if cats == {CONTAINER} and types and _ROWS.issuperset(types):
+    if types and _ROWS.issuperset(types):  # tuples only: records
         found = _split_rows(value, array_field)
         if found is not None:
             return found
