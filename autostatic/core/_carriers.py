@@ -48,6 +48,8 @@ class CarrierBase:
 
 # A carrier's node, `(children, aux)`, read in C: its registered flatten.
 get_flat: Final = operator.attrgetter("_autostatic_children", "_autostatic_aux")
+carrier_children: Final = operator.attrgetter("_autostatic_children")
+carrier_aux: Final = operator.attrgetter("_autostatic_aux")
 get_layer: Final = CarrierBase._autostatic_layer.__get__  # pyright: ignore[reportAttributeAccessIssue]  # a slot's member descriptor
 
 # Each carrier class, and the layer class it stands for.

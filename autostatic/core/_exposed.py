@@ -4,29 +4,39 @@
 Equinox's functions that look at non-array leaves (`eqx.tree_at` on a static value,
 `eqx.tree_serialise_leaves`, `eqx.nn.inference_mode`, a filter of non-arrays) work on
 this form; `decide_again` makes AutoModules of an exposed tree again, each flattened
-from its values from then on.
+from its values from then on. The routed `eqx.tree_at` asks here too: whether what it
+put in a model needs deciding, and which structure the layers of a tree mapped from a
+model keep.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
 
-from ._carriers import get_layer, layer_of
+from ._carriers import carrier_aux, get_layer, layer_of, layers_as_nodes
 from ._fields import fields_of
 from ._leaves import (
     CARRIER,
     category,
     is_dynamic,
     is_dynamic_leaf,
+    LAYER,
     NODE,
+    REAL,
     snapshot,
     stops,
 )
-from ._plan import entry_types, plan_for
-from ._split import whole
-from ._templates import remember_template, template_aux
-from ._ways import CHILD, ENTRY
+from ._node import to_carrier
+from ._templates import (
+    changed_children_only,
+    remember_by_markers,
+    remember_template,
+    take_markers,
+    take_structure,
+    template_aux,
+)
 
 
 def is_ours(x: Any) -> bool:
@@ -51,16 +61,8 @@ def exposed_module(
     """A `cls` instance with these values, every field a child (as an `eqx.Module`
     without static markers flattens), except with `keep_declared_static` those
     declared `eqx.field(static=True)`, which Equinox keeps in its aux data too."""
-    spec = fields_of(cls)
     obj = new_module(cls, values)
-    parts = tuple(
-        ENTRY if keep_declared_static and declared else CHILD
-        for declared in spec.declared_static
-    )
-    entries = [whole(values[n]) for n, p in zip(spec.names, parts) if p == ENTRY]
-    plan = plan_for(spec, parts, entry_types(parts, entries), True)
-    children = tuple(values[n] for n, p in zip(spec.names, parts) if p == CHILD)
-    remember_template(obj, (plan, *entries), children)
+    remember_by_markers(obj, values, markers=keep_declared_static, exposed=True)
     return obj
 
 
@@ -138,6 +140,61 @@ def decide_again(tree: Any, originals: Originals | None = None) -> Any:
         )
 
     return _map_modules(decide_module, tree)
+
+
+def all_real(tree: Any) -> bool:
+    """Whether every leaf of `tree` is what a model's children hold (arrays, `None`,
+    AutoModules, `eqx.nn` layers): put in place as it is, it needs nothing decided."""
+    return all(category(x) in REAL for x in jtu.tree_leaves(tree, is_leaf=stops))
+
+
+def is_model(leaves: list[Any]) -> bool:
+    """Whether a tree of these leaves has leaves and every one is an array: a model,
+    not a tree mapped from one (a filter spec, whose leaves are bools, or an
+    `in_axes` tree mapped to `None`, which has none)."""
+    return bool(leaves) and all(map(is_dynamic_leaf, leaves))
+
+
+def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
+    """In a tree mapped from a model (a filter spec, optimiser labels), each
+    `eqx.nn` layer that `eqx.tree_at` made anew in `out` keeps the structure of the
+    layer at its place in `tree` (`_templates.take_structure`): a label put in a
+    layer's field, or a subtree mapped from the standalone layer, still matches the
+    model. One put where the tree held no layer takes its class's static markers
+    (`_templates.take_markers`). A tree without leaves (not `labelled`) may be a
+    model holding no array: there a layer whose static value changed is decided from
+    its values (a spec's labels, in a tree without leaves, are only what `tree_at`
+    put at the model's array places)."""
+    with layers_as_nodes():
+        before, after = _layers_by_path(tree), _layers_by_path(out)
+    for path, new in after.items():
+        old = before.get(path)
+        if old is None:
+            if labelled:
+                take_markers(new)
+        elif new is not old and type(new) is type(old):
+            aux = carrier_aux(to_carrier(old))
+            if labelled or changed_children_only(old, new, aux):
+                take_structure(new, aux)
+
+
+def _layers_by_path(tree: Any) -> dict[Any, Any]:
+    """Every `eqx.nn` layer in `tree` (inside layers too), by key path; in surgery
+    mode, where each is a node of the tree."""
+    found: dict[Any, Any] = {}
+    pending = [((), tree)]
+    while pending:
+        prefix, top = pending.pop()
+        inner = functools.partial(_is_inner_layer, top)
+        for path, x in jtu.tree_flatten_with_path(top, is_leaf=inner)[0]:
+            if inner(x):
+                found[prefix + path] = x
+                pending.append((prefix + path, x))
+    return found
+
+
+def _is_inner_layer(top: Any, x: Any) -> bool:
+    return x is not top and category(x) == LAYER
 
 
 def new_module(cls: type, attrs: dict[str, Any]) -> Any:

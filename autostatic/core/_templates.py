@@ -153,28 +153,37 @@ def take_markers(layer: Any) -> None:
     mapped to `True`s), a template of the structure its class's static markers give,
     as in an `eqx.Module`: a real layer's, where every unmarked field holds arrays.
     Left as it is where it holds an array."""
-    if _holds_array(layer):
-        return
-    spec = fields_of(type(layer))
-    attrs = object.__getattribute__(layer, "__dict__")
-    parts = tuple(ENTRY if marked else CHILD for marked in spec.declared_static)
-    fields = zip(spec.names, spec.declared_static)
-    entries = [whole(attrs[name]) for name, marked in fields if marked]
-    plan = plan_for(spec, parts, entry_types(parts, entries), False)
-    _remember_as(layer, (plan, *entries))
+    if not _holds_array(layer):
+        remember_by_markers(layer, object.__getattribute__(layer, "__dict__"))
+
+
+def remember_by_markers(
+    obj: Any, attrs: dict[str, Any], *, markers: bool = True, exposed: bool = False
+) -> None:
+    """Makes `obj`, holding `attrs`, a template whose every field is a child, as an
+    `eqx.Module` flattens, but those its class declares `eqx.field(static=True)`
+    where `markers` (aux entries, as Equinox keeps them); `exposed`: the exposed
+    form's (`_exposed`)."""
+    spec = fields_of(type(obj))
+    parts = tuple(
+        ENTRY if markers and marked else CHILD for marked in spec.declared_static
+    )
+    entries = [whole(attrs[n]) for n, part in zip(spec.names, parts) if part == ENTRY]
+    plan = plan_for(spec, parts, entry_types(parts, entries), exposed)
+    _remember_as(obj, (plan, *entries), attrs)
 
 
 def _holds_array(layer: Any) -> bool:
     return any(map(eqx.is_array, jtu.tree_leaves(layer)))
 
 
-def _remember_as(layer: Any, aux: Aux) -> None:
-    """Makes `layer` a template of `aux`: its children the values of the fields
-    `aux`'s plan has as children."""
+def _remember_as(obj: Any, aux: Aux, attrs: dict[str, Any] | None = None) -> None:
+    """Makes `obj` a template of `aux`: its children the values of the fields `aux`'s
+    plan has as children, from `attrs` (its own attributes by default)."""
     plan = aux[0]
-    attrs = object.__getattribute__(layer, "__dict__")
+    values = object.__getattribute__(obj, "__dict__") if attrs is None else attrs
     kept = [name for name, part in zip(plan.names, plan.parts) if part == CHILD]
-    remember_template(layer, aux, tuple(attrs[name] for name in kept))
+    remember_template(obj, aux, tuple(values[name] for name in kept))
 
 
 def flatten_template(

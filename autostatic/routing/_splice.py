@@ -27,7 +27,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from .._compat import original_combine, original_filter
-from ..core._carriers import get_flat, get_layer
+from ..core._carriers import carrier_children, get_layer
 from ..core._exposed import (
     array_half,
     dynamic_half,
@@ -130,7 +130,7 @@ def _layer_array_side(carrier: Any, keep: Keep, replace: Any, is_leaf: Any) -> A
     if any(map(keep, statics)):
         statics = []
     return _array_side_node(
-        carrier, get_flat(carrier)[0], statics, keep, replace, is_leaf
+        carrier, carrier_children(carrier), statics, keep, replace, is_leaf
     )
 
 
