@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import autostatic as asx
+from autostatic.core import _leaves, _plan, _static
 from autostatic.core._split import StaticSeq
 from autostatic.core._static import Compared, hold
 
@@ -94,14 +95,21 @@ class Kept(asx.AutoModule):
     w: jax.Array
 
 
-def test_the_types_of_dropped_static_values_are_let_go_past_the_bounds():
+def test_the_types_of_dropped_static_values_are_let_go_past_the_bounds(
+    monkeypatch: pytest.MonkeyPatch,
+):
     # Every table keyed by type is bounded (a leaf category per type, plans and
     # signatures per class): a model per new class of static value, dropped, leaves
     # nothing of those classes alive once the bounds are passed. (The first types
-    # met stay: the class's generated code was made for them.)
+    # met stay: the class's generated code was made for them.) The bounds are made
+    # small here: each new class costs a look at every ABC's subclasses, which in a
+    # process holding the suite's classes is slow.
+    for module, name in [(_leaves, "_MOST_TYPES"), (_static, "_MOST_TYPES")]:
+        monkeypatch.setattr(module, name, 100)
+    monkeypatch.setattr(_plan, "_MOST_PLANS", 50)
     w = jnp.ones(2)
     refs = []
-    for i in range(4200):
+    for i in range(150):
         kind = type(f"Kind{i}", (), {})
         if i < 4:
             refs.append(weakref.ref(kind))
