@@ -3,8 +3,10 @@
 # this checkout, installed (not editable) with its `test` extra into the active
 # environment, and the suite run from a copy of the repository without the package's
 # source, so that `import autostatic` can only find the installed wheel (a module the
-# wheel lacks fails here). The doctests run on the installed modules. Arguments go to
-# pytest (`bash tests/installed.sh -x tests/test_node.py`).
+# wheel lacks fails here). The doctests run on the installed modules. Without
+# arguments the whole suite runs in two worker processes (pytest-xdist: CI has two
+# cores; the suite is Python-bound, about half the time of one process); arguments go
+# to pytest instead (`bash tests/installed.sh -x tests/test_node.py`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -28,6 +30,6 @@ where = pathlib.Path(autostatic.__file__).resolve()
 assert "site-packages" in where.parts, f"autostatic imported from {where}"
 PY
 if [ $# -eq 0 ]; then
-    set -- tests --pyargs autostatic
+    set -- -n 2 tests --pyargs autostatic
 fi
 python -m pytest -q -c pyproject.toml --rootdir . "$@"
