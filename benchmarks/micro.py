@@ -25,6 +25,9 @@
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
   AutoModule (which swaps the layers for its own fast layer classes) vs `eqx.Module`
   with the activation marked static vs the same arrays in dicts (the floor);
+- 256 carriers of `eqx.nn.Linear` layers as the custom node kept and as dataclass
+  nodes (plain slots named as the fields; read-only fields over private slots):
+  made, flattened, and under a `jax.jit` call;
 - unflatten + read every field of the four real models, AutoModule vs the fair twin,
   with warm caches (20 calls a batch, back to back) and cold (2 calls a batch, after
   24 MB of other allocations): the comparison runner's batches are as short as the
@@ -505,6 +508,92 @@ def linear_256(rounds: int = 20) -> None:
         )
 
 
+def carrier_forms(rounds: int = 30) -> None:
+    """256 carriers of `eqx.nn.Linear` layers in the form kept (a custom node: slots
+    for the children tuple, the aux and the layer, its flatten one C call) against
+    dataclass nodes (`jax.tree_util.register_dataclass`: JAX reads each child field
+    by name in C++), with plain slots named as the fields, and with read-only fields
+    over private slots (frozen, as a layer is): made, flattened (made and walked, as
+    a flatten of their model makes them) and under a `jax.jit` call."""
+    import operator
+
+    layers = [eqx.nn.Linear(8, 8, key=jax.random.key(i)) for i in range(256)]
+    # Read beforehand, as a flatten reads a layer's `__dict__` in C.
+    values = [(layer.weight, layer.bias, layer) for layer in layers]
+    aux = (object(), 8, 8, True)
+
+    class Custom:
+        __slots__ = ("children", "aux", "layer", "__weakref__")
+
+    class Plain:
+        __slots__ = ("weight", "bias", "aux", "layer", "__weakref__")
+
+        def __new__(cls, **_: Any) -> Any:
+            return object.__new__(cls)
+
+    class ReadOnly(property):
+        def __set__(self, obj: Any, value: Any) -> None:
+            raise AttributeError("frozen")
+
+    class Frozen:
+        __slots__ = ("_weight", "_bias", "_aux", "layer", "__weakref__")
+        weight = ReadOnly(operator.attrgetter("_weight"))
+        bias = ReadOnly(operator.attrgetter("_bias"))
+        aux = ReadOnly(operator.attrgetter("_aux"))
+
+        def __new__(cls, **_: Any) -> Any:
+            return object.__new__(cls)
+
+    flat = operator.attrgetter("children", "aux")
+    jax.tree_util.register_pytree_node(Custom, flat, lambda a, c: None)
+    for cls in (Plain, Frozen):
+        jax.tree_util.register_dataclass(cls, ["weight", "bias"], ["aux"])
+
+    def custom() -> list[Any]:
+        out = []
+        for w, b, layer in values:
+            c = object.__new__(Custom)
+            c.children, c.aux, c.layer = (w, b), aux, layer
+            out.append(c)
+        return out
+
+    def plain() -> list[Any]:
+        out = []
+        for w, b, layer in values:
+            c = object.__new__(Plain)
+            c.weight, c.bias, c.aux, c.layer = w, b, aux, layer
+            out.append(c)
+        return out
+
+    def frozen() -> list[Any]:
+        out = []
+        for w, b, layer in values:
+            c = object.__new__(Frozen)
+            c._weight, c._bias, c._aux, c.layer = w, b, aux, layer
+            out.append(c)
+        return out
+
+    cells = {}
+    jitted = jax.jit(lambda tree: 0)
+    for name, make in (("custom", custom), ("plain", plain), ("frozen", frozen)):
+        holder = type(f"{name}Holder", (), {})
+        jax.tree_util.register_pytree_node(
+            holder, lambda _, make=make: ((make(),), None), lambda a, c, h=holder: h()
+        )
+        tree = holder()
+        jitted(tree)
+        cells[f"make: {name}"] = make
+        cells[f"flatten: {name}"] = lambda t=tree: jax.tree_util.tree_flatten(t)
+        cells[f"dispatch: {name}"] = lambda t=tree: jitted(t)
+    samples = run_interleaved(cells, rounds)
+    for op in ("make", "flatten", "dispatch"):
+        _report(
+            f"256 carriers, {op}: dataclass nodes / custom node",
+            {k: v for k, v in samples.items() if k.startswith(op)},
+            f"{op}: custom",
+        )
+
+
 def _evict_caches() -> None:
     """Allocates and frees 24 MB in small objects: what the CPU caches held is gone."""
     junk = [bytearray(64) for _ in range(200_000)]
@@ -562,4 +651,5 @@ if __name__ == "__main__":
     routed_tree_at()
     routed_filter()
     linear_256()
+    carrier_forms()
     warm_and_cold()

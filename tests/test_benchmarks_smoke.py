@@ -794,6 +794,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         micro.routed_tree_at,
         micro.routed_filter,
         micro.linear_256,
+        micro.carrier_forms,
         micro.warm_and_cold,
     ):
         study(rounds=2)
@@ -811,6 +812,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         "eqx.tree_at on 256 eqx.nn.Linear in an Module",
         "eqx.tree_at on 256 eqx.nn.Linear in an AutoModule",
         "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module",
+        "256 carriers, dispatch: dataclass nodes / custom node",
         "unflatten + read every field, AutoModule / eqx-static: warm | cold",
     ):
         assert header in printed, header
