@@ -4,9 +4,8 @@
 Equinox's functions that look at non-array leaves (`eqx.tree_at` on a static value,
 `eqx.tree_serialise_leaves`, `eqx.nn.inference_mode`, a filter of non-arrays) work on
 this form; `decide_again` makes AutoModules of an exposed tree again, each flattened
-from its values from then on. The routed `eqx.tree_at` asks here too: whether what it
-put in a model needs deciding, and which structure the layers of a tree mapped from a
-model keep.
+from its values from then on, and `keep_layer_structures` gives the layers that
+`eqx.tree_at` put in a tree mapped from a model (a filter spec) that model's structure.
 """
 
 import functools
@@ -24,14 +23,13 @@ from ._leaves import (
     is_dynamic_leaf,
     LAYER,
     NODE,
-    REAL,
     snapshot,
     stops,
 )
 from ._node import to_carrier
 from ._templates import (
     changed_children_only,
-    remember_by_markers,
+    remember_fields,
     remember_template,
     take_markers,
     take_structure,
@@ -62,7 +60,7 @@ def exposed_module(
     without static markers flattens), except with `keep_declared_static` those
     declared `eqx.field(static=True)`, which Equinox keeps in its aux data too."""
     obj = new_module(cls, values)
-    remember_by_markers(obj, values, markers=keep_declared_static, exposed=True)
+    remember_fields(obj, keep_declared_static=keep_declared_static, exposed=True)
     return obj
 
 
@@ -140,19 +138,6 @@ def decide_again(tree: Any, originals: Originals | None = None) -> Any:
         )
 
     return _map_modules(decide_module, tree)
-
-
-def all_real(tree: Any) -> bool:
-    """Whether every leaf of `tree` is what a model's children hold (arrays, `None`,
-    AutoModules, `eqx.nn` layers): put in place as it is, it needs nothing decided."""
-    return all(category(x) in REAL for x in jtu.tree_leaves(tree, is_leaf=stops))
-
-
-def is_model(leaves: list[Any]) -> bool:
-    """Whether a tree of these leaves has leaves and every one is an array: a model,
-    not a tree mapped from one (a filter spec, whose leaves are bools, or an
-    `in_axes` tree mapped to `None`, which has none)."""
-    return bool(leaves) and all(map(is_dynamic_leaf, leaves))
 
 
 def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:

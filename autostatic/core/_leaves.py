@@ -272,3 +272,16 @@ def is_dynamic_leaf(x: Any) -> bool:
 def stops(x: Any) -> bool:
     """`is_leaf` for a field's flatten: our nodes are items, not looked into."""
     return category(x) in NODES
+
+
+def all_real(tree: Any) -> bool:
+    """Whether every leaf of `tree` is what a model's children hold (arrays, `None`,
+    AutoModules, `eqx.nn` layers): put in place as it is, it needs nothing decided."""
+    return all(category(x) in REAL for x in jtu.tree_leaves(tree, is_leaf=stops))
+
+
+def is_model(leaves: list[Any]) -> bool:
+    """Whether a tree of these leaves has leaves and every one is an array: a model,
+    not a tree mapped from one (a filter spec, whose leaves are bools, or an
+    `in_axes` tree mapped to `None`, which has none)."""
+    return bool(leaves) and all(map(is_dynamic_leaf, leaves))

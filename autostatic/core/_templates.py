@@ -154,36 +154,39 @@ def take_markers(layer: Any) -> None:
     as in an `eqx.Module`: a real layer's, where every unmarked field holds arrays.
     Left as it is where it holds an array."""
     if not _holds_array(layer):
-        remember_by_markers(layer, object.__getattribute__(layer, "__dict__"))
+        remember_fields(layer)
 
 
-def remember_by_markers(
-    obj: Any, attrs: dict[str, Any], *, markers: bool = True, exposed: bool = False
+def remember_fields(
+    obj: Any, *, keep_declared_static: bool = True, exposed: bool = False
 ) -> None:
-    """Makes `obj`, holding `attrs`, a template whose every field is a child, as an
-    `eqx.Module` flattens, but those its class declares `eqx.field(static=True)`
-    where `markers` (aux entries, as Equinox keeps them); `exposed`: the exposed
-    form's (`_exposed`)."""
+    """Makes `obj` a template whose every field is a child, as an `eqx.Module`
+    without static markers flattens, except with `keep_declared_static` those its
+    class declares `eqx.field(static=True)` (aux entries, as Equinox keeps them).
+    `exposed`: the exposed form's (`_exposed`), whose layers flatten as the nodes
+    they are, not as carriers."""
     spec = fields_of(type(obj))
+    attrs = object.__getattribute__(obj, "__dict__")
     parts = tuple(
-        ENTRY if markers and marked else CHILD for marked in spec.declared_static
+        ENTRY if keep_declared_static and marked else CHILD
+        for marked in spec.declared_static
     )
     entries = [whole(attrs[n]) for n, part in zip(spec.names, parts) if part == ENTRY]
     plan = plan_for(spec, parts, entry_types(parts, entries), exposed)
-    _remember_as(obj, (plan, *entries), attrs)
+    _remember_as(obj, (plan, *entries))
 
 
 def _holds_array(layer: Any) -> bool:
     return any(map(eqx.is_array, jtu.tree_leaves(layer)))
 
 
-def _remember_as(obj: Any, aux: Aux, attrs: dict[str, Any] | None = None) -> None:
+def _remember_as(obj: Any, aux: Aux) -> None:
     """Makes `obj` a template of `aux`: its children the values of the fields `aux`'s
-    plan has as children, from `attrs` (its own attributes by default)."""
+    plan has as children."""
     plan = aux[0]
-    values = object.__getattribute__(obj, "__dict__") if attrs is None else attrs
+    attrs = object.__getattribute__(obj, "__dict__")
     kept = [name for name, part in zip(plan.names, plan.parts) if part == CHILD]
-    remember_template(obj, aux, tuple(values[name] for name in kept))
+    remember_template(obj, aux, tuple(attrs[name] for name in kept))
 
 
 def flatten_template(

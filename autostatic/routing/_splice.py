@@ -77,7 +77,7 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
     statics = static_leaves_of(module)
     if not any(map(keep, statics)):
         # The array side: the node in its own form, its children filtered.
-        children = flatten(fields_of(type(module)), module)[0]
+        children, _ = flatten(fields_of(type(module)), module)
         return _array_side_node(module, children, statics, keep, replace, is_leaf)
     attrs = object.__getattribute__(module, "__dict__")
     return exposed_module(

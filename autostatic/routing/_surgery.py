@@ -20,13 +20,8 @@ import jax.tree_util as jtu
 
 from .._compat import original_inference_mode, original_tree_at
 from ..core._carriers import layers_as_carriers, layers_as_nodes
-from ..core._exposed import (
-    all_real,
-    holds_modules,
-    is_model,
-    keep_layer_structures,
-    on_exposed,
-)
+from ..core._exposed import holds_modules, keep_layer_structures, on_exposed
+from ..core._leaves import all_real, is_model
 
 _sentinel: Any = object()
 
