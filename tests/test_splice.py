@@ -267,3 +267,60 @@ def test_static_half_first_combines_a_field_without_arrays(base):
     out = eqx.combine(static, body(dynamic))
     assert out.operator.fn is jnp.sin and out.operator.size == 2
     np.testing.assert_allclose(out.y, jnp.sin(jnp.ones(2)))
+
+
+class _Inner(asx.AutoModule):
+    w: jax.Array
+    activation: Callable
+    size: int
+
+
+class _InnerTwin(eqx.Module):  # unmarked: Equinox's filter sees every leaf
+    w: jax.Array
+    activation: Callable
+    size: int
+
+
+class _Outer(eqx.Module):  # a user's module that AutoModule never touched
+    child: Any
+    scale: jax.Array
+
+
+def _nested(inner: type, where: str) -> Any:
+    w, scale = jnp.arange(3.0), jnp.ones(())
+    module = inner(w, jax.nn.relu, 3)
+    if where == "root":
+        return module
+    if where == "in an eqx.Module":
+        return _Outer(module, scale)
+    return [_Outer({"a": [1, module]}, scale), "tag"]
+
+
+@pytest.mark.parametrize("where", ["root", "in an eqx.Module", "deep in containers"])
+def test_filter_and_partition_find_an_automodule_anywhere(where):
+    # Equinox's own filter runs first and is stopped at the first AutoModule: the
+    # halves are the unmarked twin's wherever it sits.
+    ours, twin = _nested(_Inner, where), _nested(_InnerTwin, where)
+    for split in (
+        lambda t: eqx.partition(t, eqx.is_array),
+        lambda t: (eqx.filter(t, eqx.is_array), eqx.filter(t, eqx.is_array, True)),
+    ):
+        for half, twin_half in zip(split(ours), split(twin)):
+            assert keystrs(half) == keystrs(twin_half)
+            leaves = jax.tree_util.tree_leaves(half)
+            assert len(leaves) == len(jax.tree_util.tree_leaves(twin_half))
+            for a, b in zip(leaves, jax.tree_util.tree_leaves(twin_half)):
+                assert a is b or (eqx.is_array(a) and np.array_equal(a, b))
+        dynamic, static = split(ours)
+        assert eqx.tree_equal(eqx.combine(dynamic, static), ours)
+
+
+def test_is_leaf_that_stops_above_an_automodule_filters_as_equinox_does():
+    # The user's is_leaf stops the walk at the list holding the AutoModule: Equinox's
+    # filter gives the spec the whole list, as it does in a tree of eqx.Modules.
+    tree = [[_Inner(jnp.ones(2), jax.nn.relu, 2)], jnp.zeros(1)]
+    is_list = lambda x: isinstance(x, list) and x is not tree
+    got = eqx.filter(tree, lambda x: isinstance(x, list), is_leaf=is_list)
+    assert got[0] is tree[0] and got[1] is None
+    kept, rest = eqx.partition(tree, lambda x: isinstance(x, list), is_leaf=is_list)
+    assert kept[0] is tree[0] and rest == [None, tree[1]]

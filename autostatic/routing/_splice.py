@@ -26,7 +26,7 @@ from typing import Any
 import equinox as eqx
 import jax.tree_util as jtu
 
-from .._compat import original_combine, original_filter
+from .._compat import original_combine, original_filter, original_partition
 from ..core._carriers import carrier_children, get_layer
 from ..core._exposed import (
     array_half,
@@ -148,13 +148,14 @@ def filter(
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
     """`eqx.filter` that treats an AutoModule's non-array values as leaves."""
-    if not _is_function(filter_spec) or not holds_modules(pytree):
+    if not _is_function(filter_spec):
         return original_filter(pytree, filter_spec, inverse, replace, is_leaf)
-
-    def keep(x: Any) -> bool:
-        return bool(filter_spec(x)) != inverse
-
-    return _filter(pytree, keep, replace, is_leaf)
+    try:
+        return original_filter(
+            pytree, filter_spec, inverse, replace, _refusing_ours(is_leaf)
+        )
+    except _HoldsOurs:
+        return _filter(pytree, _keeping(filter_spec, inverse), replace, is_leaf)
 
 
 def partition(
@@ -165,10 +166,42 @@ def partition(
 ) -> tuple[Any, Any]:
     """`eqx.partition` that puts an AutoModule's non-array values in the static
     half."""
-    return (
-        filter(pytree, filter_spec, False, replace, is_leaf),
-        filter(pytree, filter_spec, True, replace, is_leaf),
-    )
+    if not _is_function(filter_spec):
+        return original_partition(pytree, filter_spec, replace, is_leaf)
+    try:
+        return original_partition(pytree, filter_spec, replace, _refusing_ours(is_leaf))
+    except _HoldsOurs:
+        return (
+            _filter(pytree, _keeping(filter_spec, False), replace, is_leaf),
+            _filter(pytree, _keeping(filter_spec, True), replace, is_leaf),
+        )
+
+
+class _HoldsOurs(Exception):
+    """Stops Equinox's walk of a tree at an AutoModule or a carrier."""
+
+
+def _refusing_ours(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], Any]:
+    """The user's `is_leaf` for Equinox's own filter, which calls it at every node
+    before it maps anything: a tree without an AutoModule or a carrier is then filtered
+    by Equinox, walked once, and one with one is stopped at the first (an
+    AutoModule's root at once) and filtered here. Looking for them first walked the
+    tree twice: a tree of 256 `eqx.nn.Linear` in an `eqx.Module` filtered at 1.3x
+    Equinox's time."""
+
+    def check(x: Any) -> Any:
+        if is_ours(x):
+            raise _HoldsOurs
+        return False if is_leaf is None else is_leaf(x)
+
+    return check
+
+
+def _keeping(filter_spec: Callable[[Any], Any], inverse: bool) -> Keep:
+    def keep(x: Any) -> bool:
+        return bool(filter_spec(x)) != inverse
+
+    return keep
 
 
 def _in_exposed_form(x: Any) -> bool:
