@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._compat import original_filter, original_tree_at
+from autostatic._compat import original_filter, original_partition, original_tree_at
 
 from . import models as M, real_models as R
 from .registry import MODELS
@@ -421,8 +421,9 @@ def routed_tree_at(rounds: int = 15) -> None:
 
 def routed_filter(rounds: int = 15) -> None:
     """`eqx.filter(model, eqx.is_array)`, the array half, on the 256-layer MLPs of
-    both layer kinds: routed against the fair twin's, and against Equinox's own
-    filter of the same AutoModule (whose array half reads the static values)."""
+    both layer kinds: routed against Equinox's own filter of the fair twin, and of
+    the same AutoModule (whose array half reads the static values); and the route's
+    cost on a tree of no AutoModule."""
     from .scaling import builder, layer_arrays
 
     arrays = layer_arrays(256)
@@ -433,7 +434,8 @@ def routed_filter(rounds: int = 15) -> None:
         cells = {
             "routed": lambda m=ours: eqx.filter(m, eqx.is_array),
             "Equinox's": lambda m=ours: original_filter(m, eqx.is_array),
-            "twin": lambda m=twin: eqx.filter(m, eqx.is_array),
+            # As its users run it: without autostatic's route.
+            "twin": lambda m=twin: original_filter(m, eqx.is_array),
         }
         samples = run_interleaved(cells, rounds, batch_s=0.02)
         line = [
@@ -444,6 +446,25 @@ def routed_filter(rounds: int = 15) -> None:
             f"eqx.filter(mlp-256 of {kind} layers, eqx.is_array): routed / "
             + ", / ".join(line)
         )
+    # A tree of no AutoModule (Equinox's users beside autostatic): the route costs
+    # its walk of the tree in search of one.
+    keys = jax.random.split(jax.random.key(0), 256)
+    plain = _EqxHolder([eqx.nn.Linear(8, 8, key=k) for k in keys])
+    cells = {
+        "routed filter": lambda: eqx.filter(plain, eqx.is_array),
+        "own filter": lambda: original_filter(plain, eqx.is_array),
+        "routed partition": lambda: eqx.partition(plain, eqx.is_array),
+        "own partition": lambda: original_partition(plain, eqx.is_array),
+    }
+    samples = run_interleaved(cells, rounds, batch_s=0.02)
+    line = []
+    for op in ("filter", "partition"):
+        ratio = paired_ratio(samples[f"routed {op}"], samples[f"own {op}"])
+        line.append(f"{op} {ratio['median']:.2f}x")
+    print(
+        "256 eqx.nn.Linear in an eqx.Module, the route / Equinox's own: "
+        + ", ".join(line)
+    )
 
 
 class _EqxLinears(eqx.Module):

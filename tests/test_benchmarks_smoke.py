@@ -813,6 +813,7 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         "eqx.tree_at on 256 eqx.nn.Linear in an AutoModule",
         "256 eqx.nn.Linear(8, 8): AutoModule / eqx.Module",
         "256 carriers, dispatch: dataclass nodes / custom node",
+        "256 eqx.nn.Linear in an eqx.Module, the route / Equinox's own: filter",
         "unflatten + read every field, AutoModule / eqx-static: warm | cold",
     ):
         assert header in printed, header
