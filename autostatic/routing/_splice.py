@@ -185,9 +185,8 @@ def _refusing_ours(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], Any
     """The user's `is_leaf` for Equinox's own filter, which calls it at every node
     before it maps anything: a tree without an AutoModule or a carrier is then filtered
     by Equinox, walked once, and one with one is stopped at the first (an
-    AutoModule's root at once) and filtered here. Looking for them first walked the
-    tree twice: a tree of 256 `eqx.nn.Linear` in an `eqx.Module` filtered at 1.3x
-    Equinox's time."""
+    AutoModule's root at once) and filtered here. A search for them beforehand walks
+    the tree twice: 1.3x Equinox's time on 256 `eqx.nn.Linear` in an `eqx.Module`."""
 
     def check(x: Any) -> Any:
         if is_ours(x):
