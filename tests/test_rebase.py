@@ -1,6 +1,7 @@
 """The rebase tool: an Equinox-based codebase runs with its Modules auto-static."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 import textwrap
@@ -152,10 +153,21 @@ def _write_project(root: Path) -> None:
     )
 
 
+def _own_session() -> dict[str, str]:
+    """The environment of a pytest run of its own, not a worker of this one.
+
+    xdist's variables are dropped, and only the plugins a run names load: the
+    machine's others (pytest-benchmark) may warn, failing a run under `-W error`.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    return env | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
 def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=root,
+        env=_own_session(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -396,7 +408,12 @@ def test_the_runner_s_help_shows_every_form_it_takes():
 def _stopped(command: list[str], root: Path) -> str:
     """What a run prints when SIGTERM stops it (as a time limit does) mid-way."""
     process = subprocess.Popen(
-        command, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=root,
+        env=_own_session(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert process.stdout is not None
     seen = []
