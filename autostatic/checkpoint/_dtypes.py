@@ -3,7 +3,7 @@ dtype without one is stored (as raw bytes, recorded in `__metadata__`), and whic
 are valid values of a dtype.
 
 Only the standard safetensors dtypes are written, so other tools read our files; dtypes
-without a safetensors name travel as raw bytes (design.md, "Serialisation", has the
+without a safetensors name travel as raw bytes (design.md, "Format", has the
 layout).
 """
 
