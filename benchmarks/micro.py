@@ -529,19 +529,12 @@ def linear_256(rounds: int = 20) -> None:
         )
 
 
-def carrier_forms(rounds: int = 30) -> None:
-    """256 carriers of `eqx.nn.Linear` layers in the form kept (a custom node: slots
-    for the children tuple, the aux and the layer, its flatten one C call) against
-    dataclass nodes (`jax.tree_util.register_dataclass`: JAX reads each child field
-    by name in C++), with plain slots named as the fields, and with read-only fields
-    over private slots (frozen, as a layer is): made, flattened (made and walked, as
-    a flatten of their model makes them) and under a `jax.jit` call."""
+def _carrier_makers(
+    values: list[tuple[Any, Any, Any]], aux: Any
+) -> dict[str, Callable[[], list[Any]]]:
+    """What makes the 256 carriers of `carrier_forms` in each form, from each layer's
+    `(weight, bias, layer)` in `values` and the shared `aux`."""
     import operator
-
-    layers = [eqx.nn.Linear(8, 8, key=jax.random.key(i)) for i in range(256)]
-    # Read beforehand, as a flatten reads a layer's `__dict__` in C.
-    values = [(layer.weight, layer.bias, layer) for layer in layers]
-    aux = (object(), 8, 8, True)
 
     class Custom:
         __slots__ = ("children", "aux", "layer", "__weakref__")
@@ -594,9 +587,24 @@ def carrier_forms(rounds: int = 30) -> None:
             out.append(c)
         return out
 
+    return {"custom": custom, "plain": plain, "frozen": frozen}
+
+
+def carrier_forms(rounds: int = 30) -> None:
+    """256 carriers of `eqx.nn.Linear` layers in the form kept (a custom node: slots
+    for the children tuple, the aux and the layer, its flatten one C call) against
+    dataclass nodes (`jax.tree_util.register_dataclass`: JAX reads each child field
+    by name in C++), with plain slots named as the fields, and with read-only fields
+    over private slots (frozen, as a layer is): made, flattened (made and walked, as
+    a flatten of their model makes them) and under a `jax.jit` call."""
+    layers = [eqx.nn.Linear(8, 8, key=jax.random.key(i)) for i in range(256)]
+    # Read beforehand, as a flatten reads a layer's `__dict__` in C.
+    values = [(layer.weight, layer.bias, layer) for layer in layers]
+    aux = (object(), 8, 8, True)
+
     cells = {}
     jitted = jax.jit(lambda tree: 0)
-    for name, make in (("custom", custom), ("plain", plain), ("frozen", frozen)):
+    for name, make in _carrier_makers(values, aux).items():
         holder = type(f"{name}Holder", (), {})
         jax.tree_util.register_pytree_node(
             holder, lambda _, make=make: ((make(),), None), lambda a, c, h=holder: h()
