@@ -1,6 +1,7 @@
 """Micro-benchmarks behind single design decisions, each paired in one process.
 
-`python -m benchmarks.micro` prints, as paired ratios (median and IQR over rounds):
+`python -m benchmarks.micro` prints, as paired ratios (median and IQR over rounds),
+these and the routing studies of `benchmarks.micro_routing`:
 
 - aux forms: a node's aux made and compared as a plain tuple and as a tuple subclass
   (what every flatten makes and every jit cache lookup compares);
@@ -9,6 +10,9 @@
 - the flatten of the transformer and of `nested` with and without two checks of the
   generated flatten: a child of another type than the first instance's (a `None`
   bias after an array), and a list of modules;
+- the flatten and `jax.jit` dispatch of models whose instances of one class hold
+  other field types than the first's (a dict of dicts after a list of dicts, layers
+  of two activation types), with a flatten generated for each and for the first only;
 - the flatten of the 256-layer MLP of the user's own layers and of the transformer,
   with and without a filter spec of the model (a tree of bools, a template) alive, as
   a training loop that freezes some parameters keeps one;
@@ -20,8 +24,6 @@
 - the same flatten and dispatch at 256 and 4,096 layers with the layer's flatten
   swapped for one that reads the two fields and checks nothing (the floor of any
   flatten of an AutoModule layer written in Python), against the fair twin;
-- the routed `eqx.tree_at` vs Equinox's own, on 256 `eqx.nn.Linear` layers held by an
-  `eqx.Module` and by an `AutoModule`, replacing an array and a sub-module;
 - tree operations on 256 `eqx.nn.Linear(8, 8)` layers in a list beside an activation:
   AutoModule (which swaps the layers for its own fast layer classes) vs `eqx.Module`
   with the activation marked static vs the same arrays in dicts (the floor);
@@ -42,16 +44,14 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 import autostatic as asx
-from autostatic._compat import original_filter, original_partition, original_tree_at
 
 from . import models as M, real_models as R
 from .registry import MODELS
+from .scaling import layer_arrays
 from .timing import (
     calibrate,
-    drop_failing,
     frozen_heap,
     paired_ratio,
     run_interleaved,
@@ -222,6 +222,83 @@ def generated_checks(rounds: int = 15) -> None:
         _report(f"{name}: tree_flatten, without / with", samples, "both")
 
 
+def _two_activation_mlp(n: int) -> Any:
+    """`n` layers of the user's own whose activations alternate between
+    `jax.nn.relu` (a `custom_jvp`) and a plain function, in a list."""
+
+    class Dense(asx.AutoModule):
+        weight: jax.Array
+        bias: jax.Array
+        activation: Callable
+
+    class Stack(asx.AutoModule):
+        layers: list
+
+    arrays = layer_arrays(n)
+    acts = (jax.nn.relu, _halve)
+    return Stack([Dense(w, b, acts[i % 2]) for i, (w, b) in enumerate(arrays)])
+
+
+def _halve(x: Any) -> Any:
+    return x / 2
+
+
+def generated_variants(rounds: int = 15) -> None:
+    """A class's generated flattens for the field types met after the first
+    instance's, against the general flatten for those: the containers section's
+    class holding a dict of 16 dicts (met after a list of dicts), and 256 layers
+    whose activations alternate between two types. `tree_flatten` and `jax.jit`
+    dispatch, with every generated flatten and with only the first, in one run."""
+    from autostatic.core._fields import fields_of
+
+    from .containers import classes, dict_of_dicts, readme_mlp, shared_arrays
+
+    arrays = shared_arrays(16)
+    first = classes()["autostatic"](readme_mlp(arrays), jax.nn.relu)
+    jax.tree_util.tree_flatten(first)
+    for name, model in (
+        (
+            "dict of 16 dicts",
+            classes()["autostatic"](dict_of_dicts(arrays), jax.nn.relu),
+        ),
+        ("256 layers, two activations", _two_activation_mlp(256)),
+    ):
+        jax.tree_util.tree_flatten(model)
+        specs = [fields_of(type(node)) for node in _nodes(model, [])]
+        chains = {id(s): (s, s.generated[0]["general"]) for s in specs if s.generated}
+        jitted = jax.jit(lambda m: 0)
+        jitted(model)
+
+        def cell(op: Callable[[], Any], chained: bool, chains: Any = chains) -> Any:
+            def run() -> Any:
+                for spec, second in chains.values():
+                    spec.generated[0]["general"] = (
+                        second if chained else spec.general_flatten
+                    )
+                return op()
+
+            return run
+
+        flatten = functools.partial(jax.tree_util.tree_flatten, model)
+        dispatch = functools.partial(jitted, model)
+        samples = run_interleaved(
+            {
+                "flatten: first only": cell(flatten, False),
+                "flatten: every one": cell(flatten, True),
+                "dispatch: first only": cell(dispatch, False),
+                "dispatch: every one": cell(dispatch, True),
+            },
+            rounds,
+        )
+        cell(flatten, True)()
+        for op in ("flatten", "dispatch"):
+            _report(
+                f"{name}, {op}: every generated flatten / the first only",
+                {k: v for k, v in samples.items() if k.startswith(op)},
+                f"{op}: first only",
+            )
+
+
 def template_alive(rounds: int = 15) -> None:
     """`jax.tree_util.tree_flatten` of a model while a filter spec of it (a tree of
     bools: every node in it a template) is alive, against none alive, paired per round
@@ -370,101 +447,6 @@ def _floor_cells(arrays: Any, floor: Any) -> dict[str, Callable[[], Any]]:
         cells[f"{op}: fair twin"] = cell(call, twin, "generated")
         call(ours), call(twin)
     return cells
-
-
-class _EqxHolder(eqx.Module):
-    layers: list
-
-
-class _AutoHolder(asx.AutoModule):
-    layers: list
-
-
-def routed_tree_at(rounds: int = 15) -> None:
-    """The routed `eqx.tree_at` against Equinox's own, on both holders."""
-    keys = jax.random.split(jax.random.key(0), 256)
-    layers = [eqx.nn.Linear(8, 8, key=k) for k in keys]
-    weight, linear = jnp.ones((8, 8)), eqx.nn.Linear(8, 8, key=keys[0])
-    for holder in (_EqxHolder(layers), _AutoHolder(layers)):
-        cells = {}
-        for replaced, where, new in (
-            ("array", lambda m: m.layers[3].weight, weight),
-            ("sub-module", lambda m: m.layers[3], linear),
-        ):
-            cells[f"Equinox's, {replaced}"] = lambda w=where, n=new, h=holder: (
-                original_tree_at(w, h, n)
-            )
-            cells[f"routed, {replaced}"] = lambda w=where, n=new, h=holder: eqx.tree_at(
-                w, h, n
-            )
-        failed = drop_failing(cells)
-        samples = run_interleaved(cells, rounds, batch_s=0.02)
-        print(
-            f"eqx.tree_at on 256 eqx.nn.Linear in an {type(holder).__mro__[1].__name__}"
-        )
-        for replaced in ("array", "sub-module"):
-            reason = failed.get(f"Equinox's, {replaced}")
-            if reason is not None:
-                # A held layer's node is its carrier, not the layer its attribute
-                # holds, which Equinox's own `tree_at` looks for: the route exists
-                # for this.
-                print(f"  {replaced}: Equinox's own fails ({reason})")
-                continue
-            ratio = paired_ratio(
-                samples[f"routed, {replaced}"], samples[f"Equinox's, {replaced}"]
-            )
-            print(
-                f"  {replaced}: routed / Equinox's {ratio['median']:.3f}x "
-                f"(IQR {ratio['q1']:.3f}-{ratio['q3']:.3f})"
-            )
-
-
-def routed_filter(rounds: int = 15) -> None:
-    """`eqx.filter(model, eqx.is_array)`, the array half, on the 256-layer MLPs of
-    both layer kinds: routed against Equinox's own filter of the fair twin, and of
-    the same AutoModule (whose array half reads the static values); and the route's
-    cost on a tree of no AutoModule."""
-    from .scaling import builder, layer_arrays
-
-    arrays = layer_arrays(256)
-    for kind in ("own", "eqx.nn"):
-        ours, twin = (
-            builder(kind, impl, arrays)() for impl in ("autostatic", "eqx-static")
-        )
-        cells = {
-            "routed": lambda m=ours: eqx.filter(m, eqx.is_array),
-            "Equinox's": lambda m=ours: original_filter(m, eqx.is_array),
-            # As its users run it: without autostatic's route.
-            "twin": lambda m=twin: original_filter(m, eqx.is_array),
-        }
-        samples = run_interleaved(cells, rounds, batch_s=0.02)
-        line = [
-            f"{ref} {paired_ratio(samples['routed'], samples[ref])['median']:.2f}x"
-            for ref in ("twin", "Equinox's")
-        ]
-        print(
-            f"eqx.filter(mlp-256 of {kind} layers, eqx.is_array): routed / "
-            + ", / ".join(line)
-        )
-    # A tree of no AutoModule (Equinox's users beside autostatic): the route costs
-    # its walk of the tree in search of one.
-    keys = jax.random.split(jax.random.key(0), 256)
-    plain = _EqxHolder([eqx.nn.Linear(8, 8, key=k) for k in keys])
-    cells = {
-        "routed filter": lambda: eqx.filter(plain, eqx.is_array),
-        "own filter": lambda: original_filter(plain, eqx.is_array),
-        "routed partition": lambda: eqx.partition(plain, eqx.is_array),
-        "own partition": lambda: original_partition(plain, eqx.is_array),
-    }
-    samples = run_interleaved(cells, rounds, batch_s=0.02)
-    line = []
-    for op in ("filter", "partition"):
-        ratio = paired_ratio(samples[f"routed {op}"], samples[f"own {op}"])
-        line.append(f"{op} {ratio['median']:.2f}x")
-    print(
-        "256 eqx.nn.Linear in an eqx.Module, the route / Equinox's own: "
-        + ", ".join(line)
-    )
 
 
 class _EqxLinears(eqx.Module):
@@ -671,9 +653,12 @@ def warm_and_cold(rounds: int = 101) -> None:
 
 
 if __name__ == "__main__":
+    from .micro_routing import routed_filter, routed_tree_at
+
     aux_forms()
     generated_code()
     generated_checks()
+    generated_variants()
     template_alive()
     working_set()
     dispatch_floor()

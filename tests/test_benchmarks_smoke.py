@@ -782,17 +782,18 @@ def test_ecosystem_process_fails_without_the_rebase(
 
 def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> None:
     # `python -m benchmarks.micro`, each study with the fewest rounds that report.
-    from benchmarks import micro
+    from benchmarks import micro, micro_routing
 
     for study in (
         micro.aux_forms,
         micro.generated_code,
         micro.generated_checks,
+        micro.generated_variants,
         micro.template_alive,
         micro.working_set,
         micro.dispatch_floor,
-        micro.routed_tree_at,
-        micro.routed_filter,
+        micro_routing.routed_tree_at,
+        micro_routing.routed_filter,
         micro.linear_256,
         micro.carrier_forms,
         micro.warm_and_cold,
@@ -804,6 +805,8 @@ def test_micro_benchmarks_run_and_report(capsys: pytest.CaptureFixture[str]) -> 
         "own-256: every node's flatten (Python), general / generated",
         "transformer: every node's unflatten (Python), general / generated",
         "nested: tree_flatten, without / with",
+        "dict of 16 dicts, dispatch: every generated flatten / the first only",
+        "256 layers, two activations, flatten: every generated flatten / the first only",
         "transformer: tree_flatten, with / without",
         "working set: per layer",
         "dispatch, 16 x 256: autostatic",

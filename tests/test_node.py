@@ -1,6 +1,7 @@
 """The node format (`_plan`): the Aux tuple, static records that carry no field
 names, values made at each unflatten."""
 
+import contextlib
 import dataclasses
 import gc
 import pickle
@@ -14,6 +15,7 @@ import pytest
 
 import autostatic as asx
 from autostatic.core import _leaves, _plan, _static
+from autostatic.core._fields import fields_of
 from autostatic.core._split import StaticSeq
 from autostatic.core._static import Compared, hold
 
@@ -100,8 +102,8 @@ def test_the_types_of_dropped_static_values_are_let_go_past_the_bounds(
 ):
     # Every table keyed by type is bounded (a leaf category per type, plans and
     # signatures per class): a model per new class of static value, dropped, leaves
-    # nothing of those classes alive once the bounds are passed. (The first types
-    # met stay: the class's generated code was made for them.) The bounds are made
+    # nothing of those classes alive once the bounds are passed. (The first four
+    # types met stay: the class's generated code was made for them.) The bounds are made
     # small here: each new class costs a look at every ABC's subclasses, which in a
     # process holding the suite's classes is slow.
     for module, name in [(_leaves, "_MOST_TYPES"), (_static, "_MOST_TYPES")]:
@@ -111,12 +113,12 @@ def test_the_types_of_dropped_static_values_are_let_go_past_the_bounds(
     refs = []
     for i in range(150):
         kind = type(f"Kind{i}", (), {})
-        if i < 4:
+        if i < 8:
             refs.append(weakref.ref(kind))
         jax.tree_util.tree_flatten(Kept(kind(), w))
     del kind
     gc.collect()
-    assert [r() is None for r in refs[1:]] == [True, True, True]
+    assert [r() is None for r in refs] == [False] * 4 + [True] * 4
 
 
 def test_static_leaves_compare_in_c_unless_eq_is_python():
@@ -367,3 +369,70 @@ def test_a_static_counter_in_while_loop_state_names_the_field_and_the_fix():
     message = str(info.value)
     assert "LoopState.save_index: a Python number, static" in message
     assert "Int[ArrayLike" in message
+
+
+@contextlib.contextmanager
+def _general_flatten_refused(cls):
+    """While open, what the generated flattens of `cls` would hand to the general
+    flatten raises instead: an instance flattened then took generated code."""
+    last = fields_of(cls).generated[-1]
+    general = last["general"]
+
+    def refuse(obj):
+        raise AssertionError(f"{type(obj).__name__} took the general flatten")
+
+    last["general"] = refuse
+    try:
+        yield
+    finally:
+        last["general"] = general
+
+
+def _identity(x):
+    return x
+
+
+def test_instances_of_other_field_types_take_code_generated_for_them():
+    # A class whose instances hold activations of five types (a `custom_jvp`, a
+    # function, a jitted function, a string, an int): each of the first four met
+    # gets code generated for it, flattening as the general flatten does; the
+    # fifth takes the general flatten.
+    class Dense(asx.AutoModule):
+        w: jax.Array
+        activation: object
+
+    kinds = [jax.nn.relu, _identity, jax.jit(jnp.tanh), "gelu", 2]
+    models = [Dense(jnp.ones(2), kind) for kind in kinds]
+    for model in models:
+        jax.tree_util.tree_flatten(model)
+    spec = fields_of(Dense)
+    with _general_flatten_refused(Dense):
+        for model in models[:4]:
+            (leaves, treedef), (children, aux) = (
+                jax.tree_util.tree_flatten(model),
+                spec.general_flatten(model),
+            )
+            assert treedef.node_data()[1] == aux and aux[0] is treedef.node_data()[1][0]
+            assert len(leaves) == len(children) == 1 and leaves[0] is children[0]
+        with pytest.raises(AssertionError, match="Dense took the general flatten"):
+            jax.tree_util.tree_flatten(models[4])
+
+
+def test_a_flatten_in_init_leaves_the_generated_code_to_finished_instances():
+    # A flatten inside `__init__` sees a field unset; code generated for that would
+    # fit no finished instance, and every one would take the general flatten.
+    class Built(asx.AutoModule):
+        w: jax.Array
+        n: int
+
+        def __init__(self):
+            self.w = jnp.ones(2)
+            jax.tree_util.tree_flatten(self)
+            self.n = 3
+
+    model = Built()
+    jax.tree_util.tree_flatten(model)
+    with _general_flatten_refused(Built):
+        treedef = jax.tree_util.tree_structure(model)
+    assert treedef.node_data()[1][1:] == (3,)
+    assert len(fields_of(Built).generated) == 1  # none for the unset field

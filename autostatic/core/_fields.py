@@ -35,7 +35,7 @@ class FieldSpec:
         "_python_fields",
         "flatten",
         "general_flatten",
-        "specialised",
+        "generated",
         "general_carrier",
     )
 
@@ -55,7 +55,9 @@ class FieldSpec:
         # `_plan.install_flatten`.
         self.flatten: Callable[[Any], Any] = _no_flatten
         self.general_flatten: Callable[[Any], Any] = _no_flatten
-        self.specialised = False  # `flatten` is generated for the types met
+        # The globals of each flatten generated for field types met, in the order
+        # tried: a miss calls the next one's (`general`), the last the general one.
+        self.generated: list[dict[str, Any]] = []
         # For a layer class held in AutoModules: what makes a carrier of any layer.
         self.general_carrier: Callable[[Any], Any] = _no_flatten
 

@@ -91,13 +91,19 @@ def install_flatten(spec: FieldSpec) -> None:
 
 
 def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux):
-    """Replaces the class's flatten (the carrier maker of a layer class) by one
-    generated for these field types, the first met of concrete arrays, static
-    values kept as they are and lists or tuples of ints, bools and strings, with
-    the plan of this instance's `aux`."""
+    """Gives the class's flatten (the carrier maker of a layer class) one generated
+    for these field types (of concrete arrays, static values kept as they are and
+    lists or tuples of ints, bools and strings), with the plan of this instance's
+    `aux`: the first replaces the general flatten, each later one (up to
+    `_MOST_GENERATED`) is what the one before calls for other types."""
     plan = aux[0]
     signature = spec.signatures.get(types)
-    if spec.specialised or not spec.names or signature is None or signature.tried:
+    if (
+        len(spec.generated) >= _MOST_GENERATED
+        or not spec.names
+        or signature is None
+        or signature.tried
+    ):
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return
@@ -108,7 +114,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     if found is None:
         return
     ways, items = found
-    spec.specialised = True
     namespace = {
         "templates": templates,
         "read": spec.read,
@@ -132,7 +137,11 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         namespace["new"] = _object_new
         namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
         fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, True, items)
+        if spec.generated:
+            _chain(spec, fast)
+            return
         _carried[spec.owner] = fast
+        spec.generated.append(fast.__globals__)
         if STACKED.issuperset(ways):
             stack = fast_stack(
                 spec.owner, spec.names, types, ways, {**namespace, "one": fast}
@@ -141,7 +150,25 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         return
     namespace["general"] = spec.general_flatten
     fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, False, items)
-    specialise(registered, fast)
+    if spec.generated:
+        _chain(spec, fast)
+    else:
+        specialise(registered, fast)
+        spec.generated.append(registered.__globals__)
+
+
+# Flattens generated per class: a class whose instances hold other field types (an
+# activation that is a `custom_jvp` in one layer and a function in the next, a list
+# of dicts in one model and a dict of dicts in another) takes generated code for
+# each of the first few.
+_MOST_GENERATED: Final = 4
+
+
+def _chain(spec: FieldSpec, fast: Callable[..., Any]) -> None:
+    """Makes `fast` (which calls the general flatten for other field types) the
+    flatten that the last one generated for `spec`'s class calls for them."""
+    spec.generated.append(fast.__globals__)
+    spec.generated[-2]["general"] = fast
 
 
 def _generated_ways(
@@ -246,7 +273,7 @@ def _general_flatten(spec: FieldSpec) -> Callable[[Any], tuple[tuple[Any, ...], 
             if aux is None:
                 aux = (signature.plan, *signature.entries(values))  # pyright: ignore[reportOptionalCall]  # set with `children`
             node = children(values), aux
-        if not spec.specialised:
+        if len(spec.generated) < _MOST_GENERATED:
             _install_fast(spec, values, types, node[1])
         return node
 
