@@ -114,7 +114,33 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     if found is None:
         return
     ways, items = found
-    namespace = {
+    namespace = _generated_scope(spec, plan)
+    registered = _registered.get(spec.owner)
+    carrier = registered is None  # a layer class: what `to_carrier` calls
+    if carrier:
+        namespace["general"] = spec.general_carrier
+        namespace["new"] = _object_new
+        namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
+    else:
+        namespace["general"] = spec.general_flatten
+    fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, carrier, items)
+    if spec.generated:
+        _chain(spec, fast)
+    elif registered is not None:
+        specialise(registered, fast)
+        spec.generated.append(registered.__globals__)
+    else:
+        _carried[spec.owner] = fast
+        spec.generated.append(fast.__globals__)
+        if STACKED.issuperset(ways):
+            stacks[spec.owner] = fast_stack(
+                spec.owner, spec.names, types, ways, {**namespace, "one": fast}
+            )
+
+
+def _generated_scope(spec: FieldSpec, plan: Plan) -> dict[str, Any]:
+    """The names the code generated for `spec`'s class reads (`fast_flatten`)."""
+    return {
         "templates": templates,
         "read": spec.read,
         "plan": plan,
@@ -131,30 +157,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         "surgeries": surgeries,
         "in_surgery": in_surgery,
     }
-    registered = _registered.get(spec.owner)
-    if registered is None:  # a layer class: what `to_carrier` calls
-        namespace["general"] = spec.general_carrier
-        namespace["new"] = _object_new
-        namespace["carrier_class"] = carrier_class(spec.owner, _register_carrier)
-        fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, True, items)
-        if spec.generated:
-            _chain(spec, fast)
-            return
-        _carried[spec.owner] = fast
-        spec.generated.append(fast.__globals__)
-        if STACKED.issuperset(ways):
-            stack = fast_stack(
-                spec.owner, spec.names, types, ways, {**namespace, "one": fast}
-            )
-            stacks[spec.owner] = stack
-        return
-    namespace["general"] = spec.general_flatten
-    fast = fast_flatten(spec.owner, spec.names, types, ways, namespace, False, items)
-    if spec.generated:
-        _chain(spec, fast)
-    else:
-        specialise(registered, fast)
-        spec.generated.append(registered.__globals__)
 
 
 # Flattens generated per class: a class whose instances hold other field types (an
