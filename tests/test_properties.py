@@ -229,10 +229,23 @@ def test_records_take_the_column_split(names, array_field):
 
     rows = [tuple(_flat_item(name) for name in names) for _ in range(3)]
     _split._split_tree(rows, array_field, _node.to_carrier)
-    found = _split._split_rows(rows, array_field)
+    found = _split._split_rows(rows, tuple(rows), array_field)
     assert found is not None
     walked = _split._split_tree(rows, array_field, _node.to_carrier)
     assert found[0] == walked[0] and found[2] == walked[2]
+
+
+def test_records_of_different_lengths_are_walked():
+    # The column split needs rows of one length: others take the walk, whose
+    # entry holds each static leaf at its place.
+    from autostatic.core import _node, _split
+
+    rows = [(jnp.ones(2), jax.nn.relu), (jnp.ones(2), jax.nn.relu, 3)]
+    assert _split._split_rows(rows, tuple(rows), False) is None
+    part, child, entry = _split.split(rows, False, _node.to_carrier)
+    assert part == _split.BOTH
+    assert jax.tree.structure(child) == jax.tree.structure([(0, None), (0, None, None)])
+    assert list(entry[3:]) == [jax.nn.relu, jax.nn.relu, 3]
 
 
 def _field_value(name):

@@ -237,10 +237,11 @@ BUILTIN_NODES: Final = frozenset({list, tuple, dict})
 _DICT: Final = frozenset({dict})
 
 
-def item_categories(value: Any) -> set[int]:
+def item_categories(value: Any, types: set[type] | None = None) -> set[int]:
     """The categories of the items of a list or tuple, from their types (one item per
-    type looked at)."""
-    types = set(map(type, value))
+    type looked at; `types`, the set of them, where known)."""
+    if types is None:
+        types = set(map(type, value))
     if len(types) == 1:
         return {category(value[0])}
     examples = dict(zip(map(type, value), value))

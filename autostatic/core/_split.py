@@ -191,23 +191,25 @@ RAW: Final = frozenset({int, bool, str, bytes})
 def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """`split` for a list or tuple; one whose items hold containers takes the
     general path."""
-    types = tuple(map(type, value))
+    snapshot = tuple(value)  # one C call: another thread's change is wholly seen or not
+    types = tuple(map(type, snapshot))
     if types and not array_field and RAW.issuperset(types):  # sizes, names
-        return ENTRY, None, StaticSeq((type(value), types, *value))
-    cats = item_categories(value)
+        return ENTRY, None, StaticSeq((type(value), types, *snapshot))
+    kinds = set(types)
+    cats = item_categories(snapshot, kinds)
     if AS_IS.issuperset(cats):
         return CHILD, value, None
     if cats == {LAYER}:  # a stack of `eqx.nn` layers
         if node_child is layer_of:  # in a surgery: the layers themselves
             return CHILD, type(value)(map(node_child, value)), None
         return CHILD, carriers_of(value, set(map(type, value)), node_child), None
-    if types and _ROWS.issuperset(types):  # tuples only: records
-        found = _split_rows(value, array_field)
+    if kinds == _ROWS:  # tuples only: records
+        found = _split_rows(value, snapshot, array_field)
         if found is not None:
             return found
     if CONTAINER in cats:
         return _split_tree(value, array_field, node_child)
-    items = list(value)
+    items = list(snapshot)
     positions = []
     for i, item in enumerate(items):
         way = item_way(item, array_field)
@@ -219,9 +221,9 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     if not positions:
         return CHILD, (items if cls is list else tuple(items)), None
     if len(positions) == len(items):  # no child: static whole
-        held = [hold(x) for x in value]
+        held = [hold(x) for x in snapshot]
         return ENTRY, None, StaticSeq((cls, tuple(map(type, held)), *held))
-    held = [hold(value[i]) for i in positions]
+    held = [hold(snapshot[i]) for i in positions]
     for i in positions:
         items[i] = None
     child = items if cls is list else tuple(items)
@@ -232,15 +234,17 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
 _ROWS: Final = frozenset({tuple})
 
 
-def _split_rows(value: Any, array_field: bool) -> Split | None:
-    """`_split_plain` for a list or tuple of tuples of one length whose items are
-    leaves, each column of one kind (dynamic or static: a list of `(array, jax.nn.relu,
-    size)` records), taken column by column in C calls: the same part, child and
-    entry. None for any other value."""
-    rows = tuple(value)  # one C call: another thread's change is wholly seen or not
-    if set(map(type, rows)) != _ROWS or len(set(map(len, rows))) != 1:
+def _split_rows(
+    value: Any, rows: tuple[tuple[Any, ...], ...], array_field: bool
+) -> Split | None:
+    """`_split_plain` for a list or tuple `value` whose items, `rows`, are tuples of
+    one length whose items are leaves, each column of one kind (dynamic or static: a
+    list of `(array, jax.nn.relu, size)` records), taken column by column in C calls:
+    the same part, child and entry. None for any other value."""
+    try:
+        columns = list(zip(*rows, strict=True))
+    except ValueError:  # rows of different lengths
         return None
-    columns = list(zip(*rows))
     dynamic = dynamic_types(array_field)
     static_at, static_types = [], set()
     for j, column in enumerate(columns):
@@ -260,7 +264,7 @@ def _split_rows(value: Any, array_field: bool) -> Split | None:
         return CHILD, value, None
     width = len(columns)
     treedef, positions = _rows_layout(type(value), len(rows), width, tuple(static_at))
-    held = list(_chain(zip(*[columns[j] for j in static_at])))
+    held = _interleaved([columns[j] for j in static_at])
     if not held_as_themselves(static_types):
         held = list(map(hold, held))
     held_types = tuple(map(type, held))
@@ -275,6 +279,15 @@ def _split_rows(value: Any, array_field: bool) -> Split | None:
 
 
 _chain: Final = itertools.chain.from_iterable
+
+
+def _interleaved(columns: list[tuple[Any, ...]]) -> list[Any]:
+    """The items of `columns` (of one length) row by row, put in place by slices."""
+    width = len(columns)
+    items: list[Any] = [None] * (width * len(columns[0]))
+    for j, column in enumerate(columns):
+        items[j::width] = column
+    return items
 
 
 @functools.lru_cache(maxsize=64)
