@@ -19,7 +19,7 @@ values give equal treedefs wherever they sit.
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import jax.tree_util as jtu
@@ -62,10 +62,7 @@ class StaticSeq(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        cls, types = self[0], self[1]
-        if HOLDER_TYPES.isdisjoint(types):
-            return cls(self[2:])
-        return cls(map(natural, self[2:]))
+        return self[0](_naturals(self[1], self[2:]))
 
 
 class StaticTree(tuple):
@@ -76,7 +73,7 @@ class StaticTree(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        return self[0].unflatten([natural(x) for x in self[2:]])
+        return self[0].unflatten(list(_naturals(self[1], self[2:])))
 
 
 class FlatHoles(tuple):
@@ -91,8 +88,8 @@ class FlatHoles(tuple):
         if type(child) is not cls or len(child) <= positions[-1]:
             return child  # an `is_leaf` tree_map changed it: no place for the items
         items = list(child)
-        for i, leaf in zip(positions, self[3:]):
-            items[i] = natural(leaf)
+        for i, leaf in zip(positions, _naturals(self[2], self[3:])):
+            items[i] = leaf
         return items if cls is list else tuple(items)
 
 
@@ -113,8 +110,8 @@ class Holes(tuple):
             # for one: the static leaves go where the child still has their places.
             held = {i: natural(x) for i, x in zip(positions, self[3:])}
             return _fill_places(treedef, child, held, 0)
-        for i, leaf in zip(positions, self[3:]):
-            parts[i] = natural(leaf)
+        for i, leaf in zip(positions, _naturals(self[2], self[3:])):
+            parts[i] = leaf
         return treedef.unflatten(parts)
 
 
@@ -145,6 +142,12 @@ def _fill_places(treedef: Any, value: Any, held: dict[int, Any], start: int) -> 
 
 
 RECORDS: Final = frozenset({StaticSeq, StaticTree, FlatHoles, Holes})
+
+
+def _naturals(types: tuple[type, ...], held: tuple[Any, ...]) -> Iterable[Any]:
+    """The values the `held` static leaves of a record, of `types`, stand for: the
+    leaves themselves unless one is held in another form (`natural`)."""
+    return held if HOLDER_TYPES.isdisjoint(types) else map(natural, held)
 
 
 def value_of(part: int, child: Any, entry: Any) -> Any:
