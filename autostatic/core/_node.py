@@ -94,16 +94,11 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     """Gives the class's flatten (the carrier maker of a layer class) one generated
     for these field types (of concrete arrays, static values kept as they are and
     lists or tuples of ints, bools and strings), with the plan of this instance's
-    `aux`: the first replaces the general flatten, each later one (up to
-    `_MOST_GENERATED`) is what the one before calls for other types."""
+    `aux`: the first replaces the general flatten, each later one is what the one
+    before calls for other types. Called while fewer than `_MOST_GENERATED` are."""
     plan = aux[0]
     signature = spec.signatures.get(types)
-    if (
-        len(spec.generated) >= _MOST_GENERATED
-        or not spec.names
-        or signature is None
-        or signature.tried
-    ):
+    if not spec.names or signature is None or signature.tried:
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return

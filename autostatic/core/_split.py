@@ -73,7 +73,7 @@ class StaticTree(tuple):
     __slots__ = ()
 
     def value(self) -> Any:
-        return self[0].unflatten(list(_naturals(self[1], self[2:])))
+        return self[0].unflatten(_naturals(self[1], self[2:]))
 
 
 class FlatHoles(tuple):
@@ -204,8 +204,9 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
         return CHILD, value, None
     if cats == {LAYER}:  # a stack of `eqx.nn` layers
         if node_child is layer_of:  # in a surgery: the layers themselves
-            return CHILD, type(value)(map(node_child, value)), None
-        return CHILD, carriers_of(value, set(map(type, value)), node_child), None
+            return CHILD, type(value)(map(node_child, snapshot)), None
+        layers = list(snapshot) if type(value) is list else snapshot
+        return CHILD, carriers_of(layers, kinds, node_child), None
     if kinds == _ROWS:  # tuples only: records
         found = _split_rows(value, snapshot, array_field)
         if found is not None:
