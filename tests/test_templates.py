@@ -169,3 +169,45 @@ def test_a_rebuilt_model_changed_in_place_splits_as_a_built_one(rebuild):
     rebuilt.params["name"] = "relu"
     assert jax.tree_util.tree_structure(rebuilt) == jax.tree_util.tree_structure(built)
     assert jax.jit(lambda m: m.params["a"] + 1)(rebuilt).shape == (2,)
+
+
+class Mixed(asx.AutoModule):
+    records: list  # (array, function, int) records: split by column
+    items: list  # arrays and a function: split item by item
+    functions: list  # static whole
+    names: dict  # static whole, with structure
+    nested: dict  # arrays and a function below a dict
+
+    def __init__(self):
+        self.records = [(jnp.ones(2), relu, 3), (jnp.zeros(2), relu, 4)]
+        self.items = [jnp.ones(1), relu]
+        self.functions = [relu, max]
+        self.names = {"activation": relu, "reduce": max}
+        self.nested = {"a": [jnp.ones(3), relu], "b": str.upper}
+
+
+class MixedTwin(eqx.Module):
+    records: list
+    items: list
+    functions: list
+    names: dict
+    nested: dict
+
+    __init__ = Mixed.__init__
+
+
+@pytest.mark.parametrize("copied", COPIES.values(), ids=COPIES.keys())
+@pytest.mark.parametrize(
+    "make",
+    [eqx.filter_eval_shape, lambda cls: jax.tree.map(lambda _: 0, cls())],
+    ids=["eval_shape", "in_axes"],
+)
+@pytest.mark.parametrize("cls", [Mixed, MixedTwin], ids=["AutoModule", "eqx.Module"])
+def test_a_template_of_static_functions_in_containers_copies(cls, make, copied):
+    # The aux of a mixed field holds its static leaves' types, a function's among
+    # them, which pickle cannot write by reference.
+    template = make(cls)
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    again = copied(template)
+    assert jax.tree_util.tree_structure(again) == treedef
+    assert jax.tree_util.tree_leaves(again) == leaves

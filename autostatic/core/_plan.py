@@ -4,7 +4,6 @@ vocabulary of `_ways`. A plan holds no value: the aux data of a node is
 `(plan, *entries)`."""
 
 import operator
-import types
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -13,7 +12,15 @@ import jax.tree_util as jtu
 from . import _retrace
 from ._fields import fields_of, FieldSpec
 from ._split import RECORDS, whole
-from ._static import hold, natural, RAW_ENTRY_TYPES, SameDtype, Snapshot
+from ._static import (
+    hold,
+    named_types,
+    natural,
+    RAW_ENTRY_TYPES,
+    SameDtype,
+    Snapshot,
+    types_named,
+)
 from ._ways import (
     BOTH,
     CHILD,
@@ -115,7 +122,7 @@ class Plan:
     def __reduce__(self) -> tuple[Any, ...]:
         # As the live plan of the class: found again by its key, the types of the
         # `types` module by name.
-        types = tuple(_NAMES_OF_TYPES.get(t, t) for t in self.types)
+        types = named_types(self.types)
         return (_plan_again, (self.cls, self.parts, types, self.exposed, self.partial))
 
 
@@ -128,23 +135,7 @@ Aux = tuple
 def _plan_again(
     cls: type, parts: Any, types: Any, exposed: bool, partial: bool
 ) -> "Plan":
-    return plan_for(
-        fields_of(cls), parts, tuple(map(_type_of, types)), exposed, partial
-    )
-
-
-# The types of the `types` module (a function's, a builtin's, ...), which pickle
-# cannot name: a plan holds them by name.
-_UNNAMED_TYPES: Final = {
-    f"types.{name}": value
-    for name, value in vars(types).items()
-    if isinstance(value, type) and not name.startswith("_")
-}
-_NAMES_OF_TYPES: Final = {value: name for name, value in _UNNAMED_TYPES.items()}
-
-
-def _type_of(named: Any) -> Any:
-    return _UNNAMED_TYPES.get(named, named) if type(named) is str else named
+    return plan_for(fields_of(cls), parts, types_named(types), exposed, partial)
 
 
 def entry_types(parts: tuple[int, ...], entries: Any) -> tuple[Any, ...]:

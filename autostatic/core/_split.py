@@ -46,7 +46,14 @@ from ._leaves import (
     NODES,
     plain_types,
 )
-from ._static import held_as_themselves, hold, HOLDER_TYPES, natural
+from ._static import (
+    held_as_themselves,
+    hold,
+    HOLDER_TYPES,
+    named_types,
+    natural,
+    types_named,
+)
 from ._ways import BOTH, CARRY, CHILD, ENTRY, item_way, TAKE
 
 # What the child holds for a node item: its carrier for a layer, the module itself.
@@ -54,34 +61,57 @@ NodeChild = Callable[[Any], Any]
 Split = tuple[int, Any, Any]  # (part, child or None, entry or None)
 
 
-class StaticSeq(tuple):
+class _Record(tuple):
+    """A static part of a field's value in the aux: held leaves and their types, at
+    `TYPES_AT`, with what places them."""
+
+    __slots__ = ()
+    TYPES_AT: int
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copied or pickled template's aux: the types of the `types` module (a
+        # function's) by name, which pickle cannot write by reference.
+        at = self.TYPES_AT
+        items = (*self[:at], named_types(self[at]), *self[at + 1 :])
+        return (_record_again, (type(self), items))
+
+
+def _record_again(cls: type[_Record], items: tuple[Any, ...]) -> _Record:
+    at = cls.TYPES_AT
+    return cls((*items[:at], types_named(items[at]), *items[at + 1 :]))
+
+
+class StaticSeq(_Record):
     """A static list or tuple of leaves (sizes, names, activations): `(list or tuple,
     held leaf types, *held leaves)`; the types tell `[1]` from `[1.0]` and `[True]`,
     which `==` calls equal."""
 
     __slots__ = ()
+    TYPES_AT = 1
 
     def value(self) -> Any:
         return self[0](_naturals(self[1], self[2:]))
 
 
-class StaticTree(tuple):
+class StaticTree(_Record):
     """A static value with structure (a dict of names, a user's `eqx.Module` without
     arrays): `(treedef, leaf types, *held leaves)`. Made anew at each read, so that
     changing one attribute cannot change another's."""
 
     __slots__ = ()
+    TYPES_AT = 1
 
     def value(self) -> Any:
         return self[0].unflatten(_naturals(self[1], self[2:]))
 
 
-class FlatHoles(tuple):
+class FlatHoles(_Record):
     """The static items of a list or tuple split in both parts (a block's `[Linear, relu, Linear]`):
     `(list or tuple, positions, item types, *held items)`; the child holds `None` at
     `positions`."""
 
     __slots__ = ()
+    TYPES_AT = 2
 
     def fill(self, child: Any) -> Any:
         cls, positions = self[0], self[1]
@@ -93,12 +123,13 @@ class FlatHoles(tuple):
         return items if cls is list else tuple(items)
 
 
-class Holes(tuple):
+class Holes(_Record):
     """The static leaves of any other value split in both parts: `(treedef, positions, leaf types,
     *held leaves)`, the treedef that of the value with nodes as leaves, the child
     the value with `None` at `positions` among its leaves."""
 
     __slots__ = ()
+    TYPES_AT = 2
 
     def fill(self, child: Any) -> Any:
         treedef, positions = self[0], self[1]

@@ -25,6 +25,25 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.linear_util import WrappedFun
 
+# The types of the `types` module (a function's, a builtin's, ...), which pickle
+# cannot name: the aux data pickles them by name.
+_UNNAMED_TYPES: Final = {
+    f"types.{name}": value
+    for name, value in vars(types).items()
+    if isinstance(value, type) and not name.startswith("_")
+}
+_NAMES_OF_TYPES: Final = {value: name for name, value in _UNNAMED_TYPES.items()}
+
+
+def named_types(kinds: tuple[type, ...]) -> tuple[Any, ...]:
+    """`kinds` as pickle can write them: those of the `types` module by name."""
+    return tuple(_NAMES_OF_TYPES.get(kind, kind) for kind in kinds)
+
+
+def types_named(named: tuple[Any, ...]) -> tuple[type, ...]:
+    """The types `named_types` gave."""
+    return tuple(_UNNAMED_TYPES[x] if type(x) is str else x for x in named)
+
 
 def static_equal(a: Any, b: Any) -> bool:
     """Static leaves as the jit cache compares them: the same type, then floats bit
