@@ -1,6 +1,7 @@
 """Semantics 7: an array is never static; hidden arrays are reported by attribute path."""
 
 import functools as ft
+import types
 import warnings
 from typing import Any
 
@@ -77,8 +78,19 @@ def test_arrays_in_containers_are_never_static():
             r"Holder\.thing\[1\] holds an array in argument 0",
         ),
         (lambda w: [w, ft.partial(jnp.add, w)], r"Holder\.thing\[1\] holds an array"),
+        (
+            lambda w: [types.MappingProxyType({"w": w})],
+            r"Holder\.thing\[0\] holds an array in key 'w'",
+        ),
     ],
-    ids=["partial", "closure", "jitted", "in-static-list", "in-mixed-list"],
+    ids=[
+        "partial",
+        "closure",
+        "jitted",
+        "in-static-list",
+        "in-mixed-list",
+        "mapping-proxy",
+    ],
 )
 def test_hidden_arrays_warn_with_the_attribute_path(make, where):
     with pytest.warns(UserWarning, match=where):

@@ -127,12 +127,12 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
     # The built-in containers JAX walks; sets and subclasses of the containers,
     # leaves to JAX, are searched all the same.
     items = _items(value)
-    if items is None and isinstance(value, (list, tuple, set, frozenset, deque)):
+    if items is None and isinstance(value, _SEQUENCE_LEAVES):
         items = list(enumerate(value))
-    elif items is None and isinstance(value, dict):
+    elif items is None and isinstance(value, _MAPPING_LEAVES):
         items = list(value.items())
     if items is not None:
-        if isinstance(value, dict):
+        if isinstance(value, _MAPPING_LEAVES):
             return [(f"key {k!r}", v) for k, v in items]
         return [(f"element {i}", v) for i, v in items]
     if isinstance(value, eqx.Module):
@@ -150,6 +150,12 @@ def _reachable_values(value: Any) -> list[tuple[str, Any]]:
             if k != "__wrapped__"
         ]
     return out
+
+
+# Containers searched though JAX takes them as leaves: subclasses of list, tuple and
+# dict, sets, deques, and a dict's read-only proxy (`types.MappingProxyType`).
+_SEQUENCE_LEAVES: Final = (list, tuple, set, frozenset, deque)
+_MAPPING_LEAVES: Final = (dict, types.MappingProxyType)
 
 
 _warned: set[tuple[str, ...]] = set()
