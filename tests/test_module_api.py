@@ -251,6 +251,40 @@ def test_copy_deepcopy_pickle_keep_partition(roundtrip):
         )
 
 
+class Activated(asx.AutoModule):
+    records: list
+    mlp: eqx.nn.MLP  # its activation `jax.nn.relu`, static in its carrier
+
+
+class ActivatedTwin(eqx.Module):
+    records: list
+    mlp: eqx.nn.MLP
+
+
+def test_a_deep_copy_keeps_static_functions_and_the_treedef():
+    # `copy.deepcopy(jax.nn.relu)` is a new `custom_jvp`, equal to no other: a
+    # static one copied so would give the copy another treedef (`jax.tree.map` over
+    # the model and its copy, an EMA, fails), as it does in the twin marking it
+    # static; the unmarked twin, of function leaves, maps.
+    key = jax.random.key(0)
+    made = ([(jnp.ones(2), jax.nn.relu, 3)], eqx.nn.MLP(2, 2, 4, 1, key=key))
+    model, twin = Activated(*made), ActivatedTwin(*made)
+    for original in (model, twin):
+        copied = copy.deepcopy(original)
+        assert copied.records[0][0] is not original.records[0][0]
+        jax.tree.map(
+            lambda e, p: (e + p) / 2 if eqx.is_array(e) else e, copied, original
+        )
+    copied = copy.deepcopy(model)
+    assert eqx.tree_equal(copied, model)
+    assert copied.records[0][1] is jax.nn.relu and copied.mlp.activation is jax.nn.relu
+    assert jax.tree_util.tree_structure(copied) == jax.tree_util.tree_structure(model)
+    traced = []
+    f = jax.jit(lambda m: traced.append(1) or m.records[0][0])
+    f(model), f(copied)
+    assert len(traced) == 1
+
+
 class WithCallables(asx.AutoModule):
     w: jax.Array
     activation: Any

@@ -1,5 +1,6 @@
 """`AutoModule`: an `eqx.Module` whose static/dynamic split is decided from values."""
 
+import copy
 import dataclasses
 import inspect
 from typing import Any, TYPE_CHECKING
@@ -235,6 +236,14 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
             f"cannot delete {type(self).__qualname__}.{name}: AutoModule instances are "
             "immutable."
         )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # The arrays copied, the static values as the aux holds them: a static
+        # function, which `copy.deepcopy` would copy where it is an object (`jax.nn.relu`,
+        # a `custom_jvp`; equal by identity), stays the same, so the copy's treedef is
+        # the model's (`jax.tree.map(ema_update, copy.deepcopy(model), model)`).
+        leaves, treedef = jtu.tree_flatten(self)
+        return jtu.tree_unflatten(treedef, copy.deepcopy(leaves, memo))
 
     def __reduce__(self):
         # For copy and pickle: the class and the attribute values, put back without
