@@ -251,3 +251,23 @@ def test_a_warning_counts_the_values_it_lists():
     assert "12 different values (0, 1, 2, 3, 4, 5, 6, 7, and 4 more)" in str(
         warning.message
     )
+
+
+class Dropped(asx.AutoModule):
+    dropout: eqx.nn.Dropout
+
+
+def test_a_held_layer_s_number_warns_with_a_fix_the_user_can_make():
+    # `Dropout.p` is Equinox's field: no annotation of the user's reaches it.
+    f = jax.jit(lambda m: m.dropout(jnp.ones(2), key=jax.random.key(0)))
+    with pytest.warns(asx.RetraceWarning) as caught:
+        for p in (0.1, 0.2, 0.3):
+            f(Dropped(eqx.nn.Dropout(p)))
+    (message,) = [str(w.message) for w in caught]
+    assert message.startswith("Dropout.p has been traced with 3 different values")
+    assert "give the layer an array (`jnp.asarray(0.1)`)" in message
+    assert "annotate" not in message
+    quiet = Dropped(eqx.nn.Dropout(jnp.asarray(0.4)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f(quiet), f(Dropped(eqx.nn.Dropout(jnp.asarray(0.5))))

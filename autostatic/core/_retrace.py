@@ -172,10 +172,14 @@ def _held_message(cls: type, name: str, count: int, values: list[Any]) -> str:
 
 def _message(cls: type, name: str, count: int, values: list[Any]) -> str:
     kind = type(values[0])
-    return (
+    said = (
         f"{cls.__qualname__}.{name} has been traced with {count} different values "
         f"({_listed(count, values)}): it is a static Python {kind.__name__}, so each "
         "new value compiles anew. If it changes between calls, make it a traced "
+    )
+    if cls.__module__.startswith("equinox."):  # a held layer's: not the user's field
+        return said + f"leaf: give the layer an array (`jnp.asarray({values[0]!r})`)."
+    return said + (
         "leaf: annotate the field as an array (jaxtyping's "
         f"`{name}: {_ARRAY_ANNOTATIONS[kind]}`, or `{name}: {kind.__name__} | "
         f"jax.Array`), or store an array (`jnp.asarray({values[0]!r})`, or "
