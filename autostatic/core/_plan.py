@@ -77,7 +77,14 @@ class Plan:
             for t, (n, d) in zip(types, static)
             if t in _retrace.COUNTED_TYPES and not d
         )
-        self.counted = bool(self.numbers)
+        # Fields whose static leaves are held in a record, numbers among them maybe.
+        held = [n for (n, d), t in zip(static, types) if t is None and not d]
+        held += [
+            n
+            for n, d, p in zip(spec.names, spec.declared_static, parts)
+            if p == BOTH and not d
+        ]
+        self.counted = bool(self.numbers or held)
         self.last_aux_id = 0
         self.partial = False
         # Where every static entry is its own value (no record, nothing held): the

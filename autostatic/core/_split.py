@@ -75,6 +75,25 @@ class _Record(tuple):
         items = (*self[:at], named_types(self[at]), *self[at + 1 :])
         return (_record_again, (type(self), items))
 
+    def held(self) -> Iterable[tuple[int, Any]]:
+        """Each held leaf's position (its index among the value's leaves or items)
+        and value."""
+        at = self.TYPES_AT
+        leaves = _naturals(self[at], self[at + 1 :])
+        return zip(self[1] if at == 2 else itertools.count(), leaves)
+
+    def place(self, position: int) -> str:
+        """The key path's text, below the field, of the held leaf at `position`."""
+        if type(self[0]) is type:  # a list or tuple: its index
+            return f"[{position}]"
+        treedef = self[0]
+        try:
+            tree = treedef.unflatten(range(treedef.num_leaves))
+        except Exception:  # a node's own unflatten refused numbers
+            return f"<leaf {position}>"
+        path, _ = jtu.tree_flatten_with_path(tree)[0][position]
+        return jtu.keystr(path)
+
 
 def _record_again(cls: type[_Record], items: tuple[Any, ...]) -> _Record:
     at = cls.TYPES_AT
