@@ -324,3 +324,119 @@ def test_is_leaf_that_stops_above_an_automodule_filters_as_equinox_does():
     assert got[0] is tree[0] and got[1] is None
     kept, rest = eqx.partition(tree, lambda x: isinstance(x, list), is_leaf=is_list)
     assert kept[0] is tree[0] and rest == [None, tree[1]]
+
+
+def _kept(tree: Any) -> list[tuple[str, Any]]:
+    """The key paths of a filtered tree's leaves, with each non-array leaf."""
+    return [
+        (jax.tree_util.keystr(path), None if eqx.is_array(leaf) else leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+
+
+def _is_linear(x: Any) -> bool:
+    return isinstance(x, eqx.nn.Linear)
+
+
+def _holder(base: type) -> type:
+    class Inner(base):
+        mlp: eqx.nn.MLP
+
+    class Holder(base):
+        linear: eqx.nn.Linear  # a layer in a field of its own
+        linears: list
+        attention: eqx.nn.MultiheadAttention  # layers inside a layer
+        inner: Inner  # layers inside a nested module
+        dropout: eqx.nn.Dropout
+
+    return Holder, Inner
+
+
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module], ids=["auto", "eqx"])
+def test_a_filter_takes_whole_layers_where_is_leaf_stops_at_them(base):
+    holder, inner = _holder(base)
+    keys = jax.random.split(jax.random.key(0), 4)
+    model = holder(
+        eqx.nn.Linear(2, 2, key=keys[0]),
+        [eqx.nn.Linear(2, 2, key=keys[1])],
+        eqx.nn.MultiheadAttention(1, 2, key=keys[2]),
+        inner(eqx.nn.MLP(2, 2, 2, 1, key=keys[3])),
+        eqx.nn.Dropout(0.5),
+    )
+    linears, rest = eqx.partition(model, _is_linear, is_leaf=_is_linear)
+    paths = [path for path, _ in _kept(linears)]
+    assert ".linear.weight" in paths and ".linears[0].weight" in paths
+    assert ".attention.query_proj.weight" in paths
+    assert ".inner.mlp.layers[0].weight" in paths
+    assert eqx.tree_equal(eqx.combine(linears, rest, is_leaf=_is_linear), model)
+    # A layer kept whole keeps its static values.
+    is_dropout = lambda x: isinstance(x, eqx.nn.Dropout)
+    kept = eqx.filter(model, is_dropout, is_leaf=is_dropout)
+    assert kept.dropout.p == 0.5
+
+
+def _with_layers(base: type) -> Any:
+    holder, inner = _holder(base)
+    keys = jax.random.split(jax.random.key(0), 3)
+    return holder(
+        eqx.nn.Linear(2, 2, key=keys[0]),
+        [],
+        eqx.nn.MultiheadAttention(1, 2, key=keys[1]),
+        inner(eqx.nn.MLP(2, 2, 2, 1, key=keys[2])),
+        eqx.nn.Dropout(0.5),
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [lambda x: isinstance(x, float), callable, lambda x: isinstance(x, bool)],
+    ids=["floats", "callables", "bools"],
+)
+def test_a_filter_keeps_the_non_arrays_of_held_layers_as_equinox_s_does(spec):
+    auto, twin = _with_layers(asx.AutoModule), _with_layers(eqx.Module)
+    kept = _kept(eqx.filter(auto, spec))
+    assert kept == _kept(eqx.filter(twin, spec))
+    assert kept  # a dropout's rate, an MLP's activations, a dropout's flag
+    halves = eqx.partition(auto, spec)
+    assert [_kept(half) for half in halves] == [
+        _kept(half) for half in eqx.partition(twin, spec)
+    ]
+
+
+class _Split(asx.AutoModule):
+    activation: Callable
+    n: int
+    dropout: eqx.nn.Dropout
+    linear: eqx.nn.Linear
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.dropout(self.activation(self.linear(x)), inference=True) * self.n
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [eqx.is_array, callable, lambda x: isinstance(x, int)],
+    ids=["is_array", "callable", "is int"],
+)
+def test_halves_that_each_keep_static_values_combine_to_the_model(spec):
+    # Halves of one structure (each in the exposed form) are joined by Equinox's own
+    # combine; the result is decided afresh, so plain `jax.jit` takes it.
+    model = _Split(jnp.tanh, 2, eqx.nn.Dropout(0.5), eqx.nn.Linear(2, 2, key=KEY))
+    combined = eqx.combine(*eqx.partition(model, spec))
+    treedef = jax.tree_util.tree_structure(model)
+    assert jax.tree_util.tree_structure(combined) == treedef
+    x = jnp.ones(2)
+    np.testing.assert_allclose(jax.jit(_Split.__call__)(combined, x), model(x))
+
+
+KEY = jax.random.key(0)
+
+
+@pytest.mark.parametrize("cls", [Auto, Eqx], ids=["autostatic", "eqx"])
+def test_the_arrays_of_one_model_combine_with_another_whole_model(cls):
+    # Equinox's combine takes each leaf from the first tree that has one: the array
+    # half holds `None` for every non-array, so they come from the second model.
+    new, old = make(cls, jax.nn.relu, 1), make(cls, _identity, 0)
+    spliced = eqx.combine(eqx.filter(new, eqx.is_array), old)
+    assert spliced.activation is _identity and spliced.depth == 2
+    np.testing.assert_array_equal(spliced.linear.weight, new.linear.weight)

@@ -34,6 +34,7 @@ from ._templates import (
     take_markers,
     take_structure,
     template_aux,
+    templates,
 )
 
 
@@ -68,6 +69,14 @@ def is_exposed(module: Any) -> bool:
     """Whether `module` is an AutoModule in the exposed form."""
     aux = template_aux(module)
     return aux is not None and aux[0].exposed
+
+
+def holds_exposed(tree: Any) -> bool:
+    """Whether `tree` holds an AutoModule in the exposed form (a template: none does
+    while no template lives)."""
+    if not templates:
+        return False
+    return any(map(is_exposed, jtu.tree_leaves(tree, is_leaf=is_ours)))
 
 
 # Each exposed module of a tree, by `_identity_key`, and the module it was made from.

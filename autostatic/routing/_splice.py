@@ -32,6 +32,7 @@ from ..core._exposed import (
     array_half,
     dynamic_half,
     exposed_module,
+    holds_exposed,
     holds_modules,
     is_exposed,
     is_ours,
@@ -39,8 +40,18 @@ from ..core._exposed import (
     static_leaves_of,
 )
 from ..core._fields import fields_of
-from ..core._leaves import ARRAY, CARRIER, category, NODE, NONE
+from ..core._leaves import (
+    ARRAY,
+    CARRIER,
+    category,
+    is_dynamic_leaf,
+    LAYER,
+    NODE,
+    NONE,
+    stops,
+)
 from ..core._node import flatten
+from ..core._templates import template_aux
 
 Keep = Callable[[Any], bool]
 
@@ -75,7 +86,7 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
     if category(module) == CARRIER:  # exposed, a carrier is its layer
         return _filter(get_layer(module), keep, replace, is_leaf)
     statics = static_leaves_of(module)
-    if not any(map(keep, statics)):
+    if not any(map(keep, statics)) and not any(map(keep, _layers_statics(module))):
         # The array side: the node in its own form, its children filtered.
         children, _ = flatten(fields_of(type(module)), module)
         return _array_side_node(module, children, statics, keep, replace, is_leaf)
@@ -97,10 +108,20 @@ def _array_side(
         if kind == ARRAY:  # most children: no tree to map
             return c if keep(c) else replace
         if kind == CARRIER:
+            if is_leaf is not None and is_leaf(c):  # a layer the filter takes whole
+                return c if keep(c) else replace
             return _layer_array_side(c, keep, replace, is_leaf)
         return c if kind == NONE else _filter(c, keep, replace, is_leaf, _is_module)
 
     return tuple(map(child, children))
+
+
+def _layers_statics(module: Any) -> list[Any]:
+    """The non-array leaves Equinox's filter sees in the `eqx.nn` layers a module's
+    fields hold (a `Dropout`'s rate, an `MLP`'s activation)."""
+    attrs = object.__getattribute__(module, "__dict__")
+    layers = [x for x in jtu.tree_leaves(attrs, is_leaf=stops) if category(x) == LAYER]
+    return [x for x in jtu.tree_leaves(layers) if not is_dynamic_leaf(x)]
 
 
 def _array_side_node(
@@ -205,10 +226,13 @@ def _keeping(filter_spec: Callable[[Any], Any], inverse: bool) -> Keep:
 
 def _in_exposed_form(x: Any) -> bool:
     """An AutoModule in the exposed form (or one whose every field is a child
-    anyway), or an `eqx.nn` layer (a carrier's exposed form)."""
+    anyway, not an array half holding `None`s for its model's static values), or an
+    `eqx.nn` layer (a carrier's exposed form)."""
     if not is_ours(x) or is_exposed(x):
         return True
-    return category(x) != CARRIER and not static_leaves_of(x)
+    return (
+        category(x) != CARRIER and template_aux(x) is None and not static_leaves_of(x)
+    )
 
 
 def _combine_nodes(xs: tuple[Any, ...], is_leaf: Any) -> Any:
@@ -253,11 +277,16 @@ def combine(*pytrees: Any, is_leaf: Callable[[Any], bool] | None = None) -> Any:
     """`eqx.combine` that joins an AutoModule's arrays from one tree with its
     non-array values from another."""
     try:
-        return original_combine(*pytrees, is_leaf=is_leaf)
+        combined = original_combine(*pytrees, is_leaf=is_leaf)
     # JAX's message for mismatched trees can itself fail (an AttributeError).
     except (ValueError, TypeError, AttributeError):
         if not any(map(holds_modules, pytrees)):
             raise
+    else:
+        # Equinox joins exposed trees of one structure (two halves that each kept
+        # some static values) into an exposed tree: decided afresh below instead.
+        if not holds_exposed(combined):
+            return combined
 
     def stop(x: Any) -> bool:
         return x is None or is_ours(x) or (is_leaf is not None and is_leaf(x))
