@@ -371,6 +371,25 @@ def test_a_static_counter_in_while_loop_state_names_the_field_and_the_fix():
     assert "Int[ArrayLike" in message
 
 
+class CountedInADict(asx.AutoModule):
+    state: dict
+
+
+def test_a_static_counter_in_a_container_names_its_key_path_and_the_fix():
+    def body(m, _):
+        return CountedInADict(
+            {"x": m.state["x"] + 1, "step": m.state["step"] + 1}
+        ), None
+
+    model = CountedInADict({"x": jnp.zeros(2), "step": 0})
+    with pytest.raises(TypeError, match="carry") as info:
+        jax.lax.scan(body, model, length=2)
+    message = str(info.value)
+    assert "Holes(['step']=0; a Python number, static" in message
+    assert "Holes(['step']=1; a Python number, static" in message
+    assert "annotate the field `PyTree`" in message
+
+
 @contextlib.contextmanager
 def _general_flatten_refused(cls):
     """While open, what the generated flattens of `cls` would hand to the general

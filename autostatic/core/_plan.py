@@ -9,9 +9,8 @@ from typing import Any, Final
 
 import jax.tree_util as jtu
 
-from . import _retrace
 from ._fields import fields_of, FieldSpec
-from ._split import RECORDS, whole
+from ._split import COUNTED_NUMBERS, RECORDS, whole
 from ._static import (
     hold,
     named_types,
@@ -73,9 +72,7 @@ class Plan:
             if p == ENTRY
         ]
         self.numbers = tuple(
-            n
-            for t, (n, d) in zip(types, static)
-            if t in _retrace.COUNTED_TYPES and not d
+            n for t, (n, d) in zip(types, static) if t in COUNTED_NUMBERS and not d
         )
         # Fields whose static leaves are held in a record, numbers among them maybe.
         held = [n for (n, d), t in zip(static, types) if t is None and not d]

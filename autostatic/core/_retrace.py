@@ -25,7 +25,7 @@ from typing import Any, Final
 from .._compat import trace_state
 from ._checks import warn_once
 from ._fields import fields_of
-from ._split import RECORDS, static_value
+from ._split import COUNTED_NUMBERS, RECORDS, static_value
 from ._static import static_key
 from ._ways import CHILD, ENTRY
 
@@ -61,8 +61,6 @@ class _Seen:
 
 # (class, field) -> what it has been traced with.
 _seen: dict[tuple[type, Any], _Seen] = {}
-# The types of the static values counted: numbers.
-COUNTED_TYPES = frozenset({int, float, complex})
 
 
 def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
@@ -106,13 +104,13 @@ def _note(cls: type, aux: Any, trace: Any) -> None:
         if declared[name]:
             continue
         if type(entry) in RECORDS:  # a container's static leaves
-            numbers = ((i, x) for i, x in entry.held() if type(x) in COUNTED_TYPES)
+            numbers = ((i, x) for i, x in entry.held() if type(x) in COUNTED_NUMBERS)
             for position, leaf in itertools.islice(numbers, _MOST_PLACES):
-                said = _contained(entry.place, position, name)
+                said = _contained(entry.places, position, name)
                 _count(cls, (name, position), leaf, trace, said)
         elif part == ENTRY:
             value = static_value(entry)
-            if type(value) in COUNTED_TYPES:
+            if type(value) in COUNTED_NUMBERS:
                 _count(cls, name, value, trace, _message)
 
 
@@ -127,7 +125,7 @@ def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
     array_fields = dict(zip(plan.names, fields_of(cls).array_fields))
     names = (name for name, part in zip(plan.names, plan.parts) if part != ENTRY)
     for name, child in zip(names, children):
-        if type(child) in COUNTED_TYPES and array_fields[name]:
+        if type(child) in COUNTED_NUMBERS and array_fields[name]:
             _count(cls, name, child, trace_state.value, _held_message)
 
 
@@ -183,13 +181,14 @@ def _held_message(cls: type, name: str, count: int, values: list[Any]) -> str:
 
 
 def _contained(
-    place: Callable[[int], str], position: int, field: str
+    places: Callable[[], Callable[[int], str]], position: int, field: str
 ) -> Callable[..., str]:
     """The message for a number held in a container, its key path found if it is
     said."""
 
     def message(cls: type, _: Any, count: int, values: list[Any]) -> str:
-        return _contained_message(cls, field, field + place(position), count, values)
+        name = field + places()(position)
+        return _contained_message(cls, field, name, count, values)
 
     return message
 

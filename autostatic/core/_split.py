@@ -82,17 +82,34 @@ class _Record(tuple):
         leaves = _naturals(self[at], self[at + 1 :])
         return zip(self[1] if at == 2 else itertools.count(), leaves)
 
-    def place(self, position: int) -> str:
-        """The key path's text, below the field, of the held leaf at `position`."""
-        if type(self[0]) is type:  # a list or tuple: its index
-            return f"[{position}]"
+    def places(self) -> Callable[[int], str]:
+        """The key path's text, below the field, of the held leaf at a position."""
+        if type(self[0]) is type:  # a list or tuple: by index
+            return "[{}]".format
         treedef = self[0]
         try:
             tree = treedef.unflatten(range(treedef.num_leaves))
         except Exception:  # a node's own unflatten refused numbers
-            return f"<leaf {position}>"
-        path, _ = jtu.tree_flatten_with_path(tree)[0][position]
-        return jtu.keystr(path)
+            return "<leaf {}>".format
+        found = jtu.tree_flatten_with_path(tree)[0]
+        return [jtu.keystr(path) for path, _ in found].__getitem__
+
+    def __repr__(self) -> str:
+        # Printed in JAX's errors with the aux: where a structure must not change (a
+        # `lax.scan` carry), a static number is what changed.
+        place = self.places()
+        held = ", ".join(f"{place(i)}={leaf!r}" for i, leaf in self.held())
+        numbers = not COUNTED_NUMBERS.isdisjoint(self[self.TYPES_AT])
+        return f"{type(self).__name__}({held}{_NUMBERS_HELD if numbers else ''})"
+
+
+# The static values whose every new value compiles anew where a structure may change
+# (`_retrace` counts them) and must not (a `lax.scan` carry: the records' repr).
+COUNTED_NUMBERS: Final = frozenset({int, float, complex})
+_NUMBERS_HELD: Final = (
+    "; a Python number, static, so each value is another pytree: to make it a leaf, "
+    "store an array there or annotate the field `PyTree`"
+)
 
 
 def _record_again(cls: type[_Record], items: tuple[Any, ...]) -> _Record:
