@@ -384,3 +384,20 @@ def test_retrace_reasons_name_a_signed_zero_and_a_number_type():
         ("static", ".config[0]")
     ]
     assert reasons(float("nan"), float("nan")) == []
+
+
+def test_logged_jit_names_an_argument_passed_by_keyword_and_a_static_value():
+    # `jax.jit` keys a call by how its arguments are passed: `f(x, y)`, then
+    # `f(x, y=y)`, traces again with equal arguments.
+    traces = []
+    step = asx.logged_jit(lambda x, y: traces.append(1) or x + y)
+    step(jnp.ones(2), jnp.ones(2))
+    step(jnp.ones(2), y=jnp.ones(2))
+    assert len(traces) == 2
+    assert [[str(r) for r in reasons] for _, reasons in step.retraces] == [
+        ["(passed by keyword): static value changed from () to ('y',)"]
+    ]
+    scaled = asx.logged_jit(lambda x, n=1: x * n, static_argnames="n")
+    scaled(jnp.ones(2))
+    scaled(jnp.ones(2), n=2)
+    assert "n: added (2)" in [str(r) for r in scaled.retraces[0][1]]

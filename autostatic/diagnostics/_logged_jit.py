@@ -6,7 +6,7 @@ import functools as ft
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import jax
 import jax.tree_util as jtu
@@ -101,10 +101,16 @@ def _by_name(
             StaticArgument(a) if i in static_numbers else a for i, a in enumerate(args)
         )
         return (args, kwargs)
-    return _Arguments(
+    named = _Arguments(
         (name, StaticArgument(value) if name in static_names else value)
         for name, value in bound.items()
     )
+    # `jax.jit` keys a call by how each argument is passed, too.
+    named[_BY_KEYWORD] = StaticArgument(tuple(kwargs))
+    return named
+
+
+_BY_KEYWORD: Final = "(passed by keyword)"
 
 
 def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> LoggedJit:
@@ -134,7 +140,7 @@ def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> LoggedJit:
                 "jit of %s traced again (trace %d): %s",
                 name,
                 state["count"],
-                "; ".join(map(str, reasons)) or "no difference in the arguments",
+                "; ".join(map(str, reasons)) or _NO_DIFFERENCE,
             )
             _warn_changing_scalars(name, state["changes"], reasons)
         state["previous"] = current
@@ -143,6 +149,12 @@ def logged_jit(fun: Callable[..., Any], /, **jit_kwargs: Any) -> LoggedJit:
     jitted: Any = jax.jit(traced, **jit_kwargs)
     jitted.retraces = retraces
     return jitted
+
+
+_NO_DIFFERENCE: Final = (
+    "no difference in the arguments' structure, static values, shapes or dtypes "
+    "(an input's sharding or placement, which the trace does not see, retraces too)"
+)
 
 
 def _warn_changing_scalars(

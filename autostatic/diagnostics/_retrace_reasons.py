@@ -31,6 +31,9 @@ class StaticArgument:
     def __init__(self, value: Any):
         self.value = value
 
+    def __repr__(self) -> str:
+        return repr(self.value)
+
 
 @dataclasses.dataclass(frozen=True)
 class Reason:
