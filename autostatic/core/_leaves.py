@@ -19,7 +19,6 @@ type once (`category`), which is what keeps the flatten cheap:
 
 import collections
 import functools
-import gc
 import itertools
 from typing import Any, Final
 
@@ -169,8 +168,11 @@ class TooDeep:
 
 # Nesting deeper than JAX flattens (its limit is about 900 levels).
 _MOST_LEVELS: Final = 1000
+_SEQUENCES: Final = frozenset({list, tuple})
+_is_list = functools.partial(type.__instancecheck__, list)
+_is_tuple = functools.partial(type.__instancecheck__, tuple)
+_is_dict = functools.partial(type.__instancecheck__, dict)
 _chain = itertools.chain.from_iterable
-_referents = gc.get_referents
 
 
 def leaf_types(value: Any) -> set[type]:
@@ -192,32 +194,32 @@ _TRIES: Final = 8
 
 
 def _leaf_types(value: Any) -> set[type]:
-    kind = type(value)
-    if kind not in BUILTIN_NODES:
-        return {kind}
     found: set[type] = set()
-    level = _items(value) if kind is dict else value
+    kind = type(value)
+    if kind is dict:
+        level: Any = value.values()
+    elif kind is list or kind is tuple:
+        level = value
+    else:
+        return {kind}
     for _ in range(_MOST_LEVELS):
         types = set(map(type, level))
         inner = types & BUILTIN_NODES
         if not inner:
-            return found | types
+            found |= types
+            return found
         found |= types - inner
-        if types != inner:
-            level = list(itertools.compress(level, map(_is_node, map(type, level))))
-        level = _items(*level) if dict in inner else _referents(*level)
+        if types <= _SEQUENCES:
+            items: Any = _chain(level)
+        elif types == _DICT:
+            items = _chain(map(dict.values, level))
+        else:  # mixed: each kind picked out in C
+            items = list(_chain(filter(_is_list, level)))
+            items += _chain(filter(_is_tuple, level))
+            items += _chain(map(dict.values, filter(_is_dict, level)))
+        level = items if type(items) is list else list(items)
     found.add(TooDeep)
     return found
-
-
-def _items(*nodes: Any) -> list[Any]:
-    """The items of the lists and tuples and the values of the dicts `nodes`, in one
-    C call: what the collector's walk of them visits (a dict's keys too, unless all
-    are strings, which the count tells)."""
-    items = _referents(*nodes)
-    if len(items) == sum(map(len, nodes)):
-        return items
-    return list(_chain(x.values() if type(x) is dict else x for x in nodes))
 
 
 def snapshot(value: Any) -> Any:
@@ -232,7 +234,7 @@ def snapshot(value: Any) -> Any:
 
 
 BUILTIN_NODES: Final = frozenset({list, tuple, dict})
-_is_node: Final = BUILTIN_NODES.__contains__
+_DICT: Final = frozenset({dict})
 
 
 def item_categories(value: Any, types: set[type] | None = None) -> set[int]:
