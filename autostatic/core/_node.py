@@ -401,8 +401,8 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
 
 
 def _noted(cls: type, aux: Aux, children: Any) -> None:
-    """The aux of a plan holding static numbers or functions is not the last one
-    met: while tracing, `_retrace` looks into it."""
+    """The aux of a plan holding static numbers is not the last one met: while
+    tracing, `_retrace` looks into it."""
     if _retrace.is_traced():
         aux[0].last_aux_id = id(aux)
         _retrace.note_new_aux(cls, aux)

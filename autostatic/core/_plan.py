@@ -74,14 +74,7 @@ class Plan:
         self.numbers = tuple(
             n for t, (n, d) in zip(types, static) if t in COUNTED_NUMBERS and not d
         )
-        # Fields whose static leaves are held in a record, numbers among them maybe.
-        held = [n for (n, d), t in zip(static, types) if t is None and not d]
-        held += [
-            n
-            for n, d, p in zip(spec.names, spec.declared_static, parts)
-            if p == BOTH and not d
-        ]
-        self.counted = bool(self.numbers or held)
+        self.counted = bool(self.numbers)
         self.last_aux_id = 0
         self.partial = False
         # Where every static entry is its own value (no record, nothing held): the

@@ -12,20 +12,18 @@ plan (by identity), which is all a step that reuses its program pays;
 only a new aux is looked into, only its numbers, and only while tracing
 does it count the values of each static field. After `after` traces that each brought
 a new value of one field (8 by default) it warns once, naming `Class.field`, the values
-and the fix; a number held in a field's containers is counted at its place
-(`Class.cfg['lr']`), the first 64 of a field. The blocks of one model that differ in
-a static number are one trace.
+and the fix. The blocks of one model that differ in a static number are one trace.
 """
 
-import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
 from .._compat import trace_state
+from ._carriers import is_carried_class
 from ._checks import warn_once
 from ._fields import fields_of
-from ._split import COUNTED_NUMBERS, RECORDS, static_value
+from ._split import COUNTED_NUMBERS, static_value
 from ._static import static_key
 from ._ways import CHILD, ENTRY
 
@@ -43,7 +41,6 @@ DEFAULT_AFTER = 8
 _after: int | None = DEFAULT_AFTER
 _KEPT = 8  # values shown in a warning
 _MOST_KEPT = 256  # values remembered per field, to tell a new one from a seen one
-_MOST_PLACES = 64  # numbers counted in one field's containers: the first ones
 _generation = 0  # a new one per `warn_on_retrace`: each field may warn again
 
 
@@ -59,8 +56,9 @@ class _Seen:
         self.last_trace: weakref.ref[Any] | None = None
 
 
-# (class, field) -> what it has been traced with.
-_seen: dict[tuple[type, Any], _Seen] = {}
+# Per class (held weakly: a class made in a loop goes with its last instance), per
+# field, what it has been traced with.
+_seen: "weakref.WeakKeyDictionary[type, dict[str, _Seen]]" = weakref.WeakKeyDictionary()
 
 
 def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
@@ -101,17 +99,11 @@ def _note(cls: type, aux: Any, trace: Any) -> None:
     declared = dict(zip(plan.names, fields_of(cls).declared_static))
     with_entries = [p for p in plan.parts if p != CHILD]  # in the entries' order
     for name, part, entry in zip(plan.entry_names, with_entries, aux[1:]):
-        if declared[name]:
+        if part != ENTRY or declared[name]:
             continue
-        if type(entry) in RECORDS:  # a container's static leaves
-            numbers = ((i, x) for i, x in entry.held() if type(x) in COUNTED_NUMBERS)
-            for position, leaf in itertools.islice(numbers, _MOST_PLACES):
-                said = _contained(entry.places, position, name)
-                _count(cls, (name, position), leaf, trace, said)
-        elif part == ENTRY:
-            value = static_value(entry)
-            if type(value) in COUNTED_NUMBERS:
-                _count(cls, name, value, trace, _message)
+        value = static_value(entry)
+        if type(value) in COUNTED_NUMBERS:
+            _count(cls, name, value, trace, _message)
 
 
 def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
@@ -129,12 +121,17 @@ def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
             _count(cls, name, child, trace_state.value, _held_message)
 
 
-def _count(cls: type, name: Any, value: Any, trace: Any, message: Any) -> None:
-    """Counts `value` of `cls.name` (a field, or a field and a place in it) in
-    `trace`; warns when `after` traces have each brought a new one."""
-    seen = _seen.get((cls, name))
+def _count(
+    cls: type, name: str, value: Any, trace: Any, message: Callable[..., str]
+) -> None:
+    """Counts `value` of `cls.name` in `trace`; warns when `after` traces have each
+    brought a new one."""
+    fields = _seen.get(cls)
+    if fields is None:
+        fields = _seen.setdefault(cls, {})
+    seen = fields.get(name)
     if seen is None:
-        seen = _seen.setdefault((cls, name), _Seen())
+        seen = fields.setdefault(name, _Seen())
     if _after is None or seen.traces >= _after:
         return  # warned already: nothing more to keep
     key = static_key(value)
@@ -149,7 +146,7 @@ def _count(cls: type, name: Any, value: Any, trace: Any, message: Any) -> None:
         seen.traces += 1
     if seen.traces >= _after:
         warn_once(
-            ("retrace", str(_generation), cls.__qualname__, str(id(cls)), str(name)),
+            ("retrace", str(_generation), cls.__qualname__, str(id(cls)), name),
             message(cls, name, len(seen.keys), seen.shown),
             RetraceWarning,
         )
@@ -180,32 +177,6 @@ def _held_message(cls: type, name: str, count: int, values: list[Any]) -> str:
     )
 
 
-def _contained(
-    places: Callable[[], Callable[[int], str]], position: int, field: str
-) -> Callable[..., str]:
-    """The message for a number held in a container, its key path found if it is
-    said."""
-
-    def message(cls: type, _: Any, count: int, values: list[Any]) -> str:
-        name = field + places()(position)
-        return _contained_message(cls, field, name, count, values)
-
-    return message
-
-
-def _contained_message(
-    cls: type, field: str, name: str, count: int, values: list[Any]
-) -> str:
-    return (
-        f"{cls.__qualname__}.{name} has been traced with {count} different values "
-        f"({_listed(count, values)}): it is a static Python {type(values[0]).__name__}"
-        f" in a container, so each new value compiles anew. If it changes between "
-        f"calls, store an array there (`jnp.asarray({values[0]!r})`), or annotate "
-        f"`{field}` to hold arrays (`{field}: PyTree`), which makes every number in "
-        "it a traced leaf."
-    )
-
-
 def _message(cls: type, name: str, count: int, values: list[Any]) -> str:
     kind = type(values[0])
     said = (
@@ -213,7 +184,7 @@ def _message(cls: type, name: str, count: int, values: list[Any]) -> str:
         f"({_listed(count, values)}): it is a static Python {kind.__name__}, so each "
         "new value compiles anew. If it changes between calls, make it a traced "
     )
-    if cls.__module__.startswith("equinox."):  # a held layer's: not the user's field
+    if is_carried_class(cls):  # a held layer's: not the user's field
         return said + f"leaf: give the layer an array (`jnp.asarray({values[0]!r})`)."
     return said + (
         "leaf: annotate the field as an array (jaxtyping's "

@@ -97,10 +97,10 @@ class _Record(tuple):
     def __repr__(self) -> str:
         # Printed in JAX's errors with the aux: where a structure must not change (a
         # `lax.scan` carry), a static number is what changed.
-        place = self.places()
-        held = ", ".join(f"{place(i)}={leaf!r}" for i, leaf in self.held())
-        numbers = not COUNTED_NUMBERS.isdisjoint(self[self.TYPES_AT])
-        return f"{type(self).__name__}({held}{_NUMBERS_HELD if numbers else ''})"
+        place, held = self.places(), list(self.held())
+        text = ", ".join(f"{place(i)}={leaf!r}" for i, leaf in held)
+        numbers = any(type(leaf) in COUNTED_NUMBERS for _, leaf in held)
+        return f"{type(self).__name__}({text}{_NUMBERS_HELD if numbers else ''})"
 
 
 # The static values whose every new value compiles anew where a structure may change
