@@ -3,6 +3,7 @@
 import abc
 import copy
 import dataclasses
+import functools
 import inspect
 import pickle
 import subprocess
@@ -283,6 +284,34 @@ def test_a_deep_copy_keeps_static_functions_and_the_treedef():
     f = jax.jit(lambda m: traced.append(1) or m.records[0][0])
     f(model), f(copied)
     assert len(traced) == 1
+
+
+class _Vocabulary:  # a user's object, compared by identity, changed in place
+    def __init__(self) -> None:
+        self.words = {"a": 1}
+
+
+class Tokenised(asx.AutoModule):
+    w: jax.Array
+    vocabulary: _Vocabulary
+    scaled: Any  # a partial of a JAX function object
+
+
+class TokenisedTwin(eqx.Module):
+    w: jax.Array
+    vocabulary: _Vocabulary = eqx.field(static=True)
+    scaled: Any = eqx.field(static=True)
+
+
+@pytest.mark.parametrize("cls", [Tokenised, TokenisedTwin], ids=["auto", "eqx"])
+def test_a_deep_copy_copies_a_user_s_static_object(cls):
+    model = cls(jnp.ones(2), _Vocabulary(), functools.partial(jax.nn.relu))
+    copied = copy.deepcopy(model)
+    assert copied.vocabulary is not model.vocabulary
+    copied.vocabulary.words["b"] = 2
+    assert model.vocabulary.words == {"a": 1}
+    if cls is Tokenised:  # the function inside the partial stays itself
+        assert copied.scaled.func is jax.nn.relu
 
 
 class WithCallables(asx.AutoModule):

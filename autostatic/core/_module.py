@@ -2,7 +2,9 @@
 
 import copy
 import dataclasses
+import functools
 import inspect
+from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
 import equinox as eqx
@@ -31,7 +33,8 @@ from ._checks import (
     check_field,
     check_numpy_number,
 )
-from ._leaves import set_class_tests, stops
+from ._leaves import category, NODE, set_class_tests, stops
+from ._static import JAX_FUNCTION_TYPES
 from ._templates import restore_template, template_state
 
 
@@ -238,14 +241,16 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        # The arrays copied, the static values as the aux holds them: a static
-        # function, which `copy.deepcopy` would copy where it is an object (`jax.nn.relu`,
-        # a `custom_jvp`; equal by identity), stays the same, so the copy's treedef is
-        # the model's (`jax.tree.map(ema_update, copy.deepcopy(model), model)`).
-        leaves, treedef = jtu.tree_flatten(self)
-        return jtu.tree_unflatten(treedef, copy.deepcopy(leaves, memo))
+        # Everything copied, as Equinox copies a module, but JAX's function objects
+        # (`jax.nn.relu`, `jnp.tanh`), which `copy.deepcopy` makes anew and equal to
+        # nothing: held static, they would give the copy another treedef
+        # (`jax.tree.map(ema_update, copy.deepcopy(model), model)`).
+        for function in _jax_functions(object.__getattribute__(self, "__dict__")):
+            memo.setdefault(id(function), function)
+        rebuild, arguments = self.__reduce__()
+        return rebuild(*copy.deepcopy(arguments, memo))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         # For copy and pickle: the class and the attribute values, put back without
         # `__init__` (as Equinox's unflatten does), and for a template what it
         # flattens as: a copied filter spec or `eval_shape` tree keeps its leaves.
@@ -254,6 +259,25 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
         if state is None:
             return (_rebuilt, (type(self), attrs))
         return (_rebuilt, (type(self), attrs, state))
+
+
+def _jax_functions(attrs: dict[str, Any]) -> list[Any]:
+    """JAX's function objects among a module's attribute values: in containers, in
+    its modules and layers, and in `functools.partial`s."""
+    found, pending = [], [list(attrs.values())]
+    while pending:
+        for leaf in jtu.tree_leaves(pending.pop(), is_leaf=_is_module):
+            if type(leaf) in JAX_FUNCTION_TYPES:
+                found.append(leaf)
+            elif type(leaf) is functools.partial:
+                pending.append([leaf.func, leaf.args, leaf.keywords])
+            elif _is_module(leaf):
+                pending.append(list(object.__getattribute__(leaf, "__dict__").values()))
+    return found
+
+
+def _is_module(x: Any) -> bool:
+    return category(x) == NODE
 
 
 def _rebuilt(cls: type, attrs: dict[str, Any], template: Any = None) -> Any:

@@ -45,6 +45,11 @@ def types_named(named: tuple[Any, ...]) -> tuple[type, ...]:
     return tuple(_UNNAMED_TYPES[x] if type(x) is str else x for x in named)
 
 
+# JAX's function objects, equal by identity: a custom derivative rule's function
+# (`jax.nn.relu`) and a jitted one (`jnp.tanh`).
+JAX_FUNCTION_TYPES: Final = (jax.custom_jvp, jax.custom_vjp, type(jax.jit(abs)))
+
+
 def static_equal(a: Any, b: Any) -> bool:
     """Static leaves as the jit cache compares them: the same type, then floats bit
     for bit and jaxprs as programs (`_exact_form`), anything else with `==`."""
