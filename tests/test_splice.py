@@ -403,6 +403,9 @@ def test_a_filter_keeps_the_non_arrays_of_held_layers_as_equinox_s_does(spec):
     ]
 
 
+KEY = jax.random.key(0)
+
+
 class _Split(asx.AutoModule):
     activation: Callable
     n: int
@@ -427,9 +430,6 @@ def test_halves_that_each_keep_static_values_combine_to_the_model(spec):
     assert jax.tree_util.tree_structure(combined) == treedef
     x = jnp.ones(2)
     np.testing.assert_allclose(jax.jit(_Split.__call__)(combined, x), model(x))
-
-
-KEY = jax.random.key(0)
 
 
 @pytest.mark.parametrize("cls", [Auto, Eqx], ids=["autostatic", "eqx"])

@@ -238,6 +238,21 @@ def array_half(
     return node
 
 
+def layer_static_leaves(module: Any) -> list[Any]:
+    """The non-array leaves Equinox's filter would see in the `eqx.nn` layers a
+    module's fields not declared static hold (a `Dropout`'s rate, an `MLP`'s
+    activation)."""
+    spec = fields_of(type(module))
+    attrs = object.__getattribute__(module, "__dict__")
+    values = [
+        attrs[name]
+        for name, declared in zip(spec.names, spec.declared_static)
+        if not declared and name in attrs
+    ]
+    layers = [x for x in jtu.tree_leaves(values, is_leaf=stops) if category(x) == LAYER]
+    return [x for x in jtu.tree_leaves(layers) if not is_dynamic_leaf(x)]
+
+
 def static_leaves_of(module: Any) -> list[Any]:
     """The non-array leaves of a module's own fields that Equinox's filter would see:
     those of its fields not declared static, nodes in them excluded."""

@@ -21,7 +21,7 @@ applies it: to the arrays, the non-array values staying where they are.
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Protocol
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -36,6 +36,7 @@ from ..core._exposed import (
     holds_modules,
     is_exposed,
     is_ours,
+    layer_static_leaves,
     new_module,
     static_leaves_of,
 )
@@ -44,21 +45,37 @@ from ..core._leaves import (
     ARRAY,
     CARRIER,
     category,
-    is_dynamic_leaf,
-    LAYER,
     NODE,
     NONE,
-    stops,
 )
 from ..core._node import flatten
 from ..core._templates import template_aux
 
-Keep = Callable[[Any], bool]
+
+class _Keep(Protocol):
+    """A filter function as `eqx.filter` applies it: whether it keeps a leaf, and
+    whether it can keep only arrays (Equinox's array filters: no layer's non-array
+    needs looking at)."""
+
+    arrays_only: bool
+
+    def __call__(self, x: Any, /) -> bool: ...
+
+
+def _keeping(spec: Callable[[Any], Any], inverse: bool) -> _Keep:
+    def keep(x: Any) -> bool:
+        return bool(spec(x)) != inverse
+
+    keep.arrays_only = any(spec is f for f in _ARRAY_FILTERS) and not inverse  # pyright: ignore[reportFunctionMemberAccess]
+    return keep  # pyright: ignore[reportReturnType]
+
+
+_ARRAY_FILTERS: Final = (eqx.is_array, eqx.is_inexact_array)
 
 
 def _filter(
     tree: Any,
-    keep: Keep,
+    keep: _Keep,
     replace: Any,
     is_leaf: Any,
     filtered: Callable[[Any], bool] = is_ours,
@@ -82,11 +99,13 @@ def _is_module(x: Any) -> bool:
     return category(x) == NODE
 
 
-def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
+def _filter_node(module: Any, keep: _Keep, replace: Any, is_leaf: Any) -> Any:
     if category(module) == CARRIER:  # exposed, a carrier is its layer
         return _filter(get_layer(module), keep, replace, is_leaf)
     statics = static_leaves_of(module)
-    if not any(map(keep, statics)) and not any(map(keep, _layers_statics(module))):
+    if not any(map(keep, statics)) and (
+        keep.arrays_only or not any(map(keep, layer_static_leaves(module)))
+    ):
         # The array side: the node in its own form, its children filtered.
         children, _ = flatten(fields_of(type(module)), module)
         return _array_side_node(module, children, statics, keep, replace, is_leaf)
@@ -97,7 +116,7 @@ def _filter_node(module: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
 
 
 def _array_side(
-    children: tuple[Any, ...], keep: Keep, replace: Any, is_leaf: Any
+    children: tuple[Any, ...], keep: _Keep, replace: Any, is_leaf: Any
 ) -> tuple[Any, ...]:
     """A node's children filtered on its array side: its AutoModules by
     `_filter_node`, its layers' carriers mapped through (the layer comes back with its
@@ -116,19 +135,11 @@ def _array_side(
     return tuple(map(child, children))
 
 
-def _layers_statics(module: Any) -> list[Any]:
-    """The non-array leaves Equinox's filter sees in the `eqx.nn` layers a module's
-    fields hold (a `Dropout`'s rate, an `MLP`'s activation)."""
-    attrs = object.__getattribute__(module, "__dict__")
-    layers = [x for x in jtu.tree_leaves(attrs, is_leaf=stops) if category(x) == LAYER]
-    return [x for x in jtu.tree_leaves(layers) if not is_dynamic_leaf(x)]
-
-
 def _array_side_node(
     node: Any,
     children: tuple[Any, ...],
     statics: list[Any],
-    keep: Keep,
+    keep: _Keep,
     replace: Any,
     is_leaf: Any,
 ) -> Any:
@@ -143,7 +154,7 @@ def _array_side_node(
     return array_half(half, structure.node_data()[1], kept, replace)
 
 
-def _layer_array_side(carrier: Any, keep: Keep, replace: Any, is_leaf: Any) -> Any:
+def _layer_array_side(carrier: Any, keep: _Keep, replace: Any, is_leaf: Any) -> Any:
     """A held layer's array side: as Equinox's filter gives the layer, `replace` for
     each non-array leaf of a field not declared static (an MLP's activations, which
     `lax.stop_gradient` of the layer cannot take), unless the filter keeps one."""
@@ -215,13 +226,6 @@ def _refusing_ours(is_leaf: Callable[[Any], bool] | None) -> Callable[[Any], Any
         return False if is_leaf is None else is_leaf(x)
 
     return check
-
-
-def _keeping(filter_spec: Callable[[Any], Any], inverse: bool) -> Keep:
-    def keep(x: Any) -> bool:
-        return bool(filter_spec(x)) != inverse
-
-    return keep
 
 
 def _in_exposed_form(x: Any) -> bool:
