@@ -401,3 +401,27 @@ def test_logged_jit_names_an_argument_passed_by_keyword_and_a_static_value():
     scaled(jnp.ones(2))
     scaled(jnp.ones(2), n=2)
     assert "n: added (2)" in [str(r) for r in scaled.retraces[0][1]]
+
+
+class _Padded(asx.AutoModule):
+    conv: eqx.nn.Conv1d
+
+
+class _Counted(eqx.Module):
+    w: jax.Array
+    n: int = eqx.field(static=True)
+
+
+def test_retrace_reasons_name_a_changed_field_equinox_marks_static():
+    # A held layer's `padding` and an `eqx.Module`'s marked field are in Equinox's aux
+    # data, where the walk sees no leaf: named by field, not as two treedefs.
+    def padded(padding: int) -> _Padded:
+        return _Padded(eqx.nn.Conv1d(1, 1, 3, padding=padding, key=KEY))
+
+    assert [str(r) for r in asx.retrace_reasons(padded(0), padded(1))] == [
+        ".conv.padding: static value changed from ((0, 0),) to ((1, 1),)"
+    ]
+    assert [
+        str(r)
+        for r in asx.retrace_reasons(_Counted(jnp.ones(1), 1), _Counted(jnp.ones(1), 2))
+    ] == [".n: static value changed from 1 to 2"]

@@ -162,7 +162,9 @@ class _StructureDiff:
             shallow_a = jtu.tree_structure(a, is_leaf=lambda x: x is not a)
             shallow_b = jtu.tree_structure(b, is_leaf=lambda x: x is not b)
             if not _static_equal(shallow_a, shallow_b):  # aux data the walk cannot see
-                self.reasons.append(Reason("structure", path, shallow_a, shallow_b))
+                marked = _marked_static_changes(path, a, b)
+                structure = Reason("structure", path, shallow_a, shallow_b)
+                self.reasons.extend(marked or [structure])
 
     def compare_leaves(self, path: str, a: Any, b: Any) -> None:
         dynamic_a, dynamic_b = path in self.dynamic_a, path in self.dynamic_b
@@ -172,6 +174,20 @@ class _StructureDiff:
             self.reasons.extend(_leaf_reasons(path, a, b))
         elif not _static_equal(a, b):
             self.reasons.append(Reason("static", path, a, b))
+
+
+def _marked_static_changes(path: str, a: Any, b: Any) -> list[Reason]:
+    """The fields of two `eqx.Module`s of one class (an `eqx.nn` layer's `padding`)
+    declared `eqx.field(static=True)` whose values differ, by name."""
+    if not dataclasses.is_dataclass(a):
+        return []
+    return [
+        Reason("static", f"{path}.{field.name}", old, new)
+        for field in dataclasses.fields(a)
+        if field.metadata.get("static", False)
+        for old, new in [(getattr(a, field.name, None), getattr(b, field.name, None))]
+        if not _static_equal(old, new)
+    ]
 
 
 def retrace_reasons(a: Any, b: Any) -> list[Reason]:
