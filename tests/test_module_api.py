@@ -8,7 +8,7 @@ import inspect
 import pickle
 import subprocess
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import cloudpickle
 import equinox as eqx
@@ -774,3 +774,50 @@ def test_works_when_equinox_is_type_checked_by_an_import_hook():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "2.0"
+
+
+def _class_level(base: type) -> tuple[type, type]:
+    class WithClassVar(base):
+        w: jax.Array
+        count: ClassVar[int] = 1
+
+        def __init__(self):
+            self.w = jnp.ones(1)
+            self.count = 3
+
+    class WithInitVar(base):
+        w: jax.Array = eqx.field(init=False)
+        scale: dataclasses.InitVar[float] = 1.0
+
+        def __post_init__(self, scale):
+            self.w = jnp.ones(1) * scale
+            self.scale = scale
+
+    return WithClassVar, WithInitVar
+
+
+@pytest.mark.parametrize("base", [asx.AutoModule, eqx.Module], ids=["auto", "eqx"])
+def test_a_class_variable_set_on_an_instance_is_refused(base):
+    # Held by the instance, a flatten would drop it: eager and `jax.jit` would differ.
+    with_class_var, with_init_var = _class_level(base)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        with_class_var()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        with_init_var(2.0)
+
+
+def test_an_unset_field_s_error_says_where_to_set_it():
+    class Late(asx.AutoModule):
+        w: jax.Array
+        late: int = eqx.field(init=False)
+
+    class Made(asx.AutoModule):
+        items: list = eqx.field(default_factory=list)
+
+        def __init__(self):
+            pass
+
+    with pytest.raises(TypeError, match=r"Late\.late was never set: __post_init__"):
+        Late(jnp.ones(1))
+    with pytest.raises(TypeError, match="default_factory runs only in the dataclass"):
+        Made()

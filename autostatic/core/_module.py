@@ -91,12 +91,21 @@ class _AutoModuleMeta(ModuleMeta):
             name = unset_field(err)
             if name is None:
                 raise
-            raise TypeError(
-                f"{err} {cls.__qualname__}.{name} was never set: __init__ must assign "
-                f"self.{name} (or the field needs a default value)."
-            ) from err
+            raise TypeError(f"{err} {_unset_hint(cls, name)}") from err
         _finish(obj)
         return obj
+
+
+def _unset_hint(cls: type, name: str) -> str:
+    field = cls.__dataclass_fields__.get(name)  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
+    if field is not None and not field.init:
+        return f"{cls.__qualname__}.{name} was never set: __post_init__ must assign it."
+    hint = f"{cls.__qualname__}.{name} was never set: __init__ must assign self.{name}"
+    if field is not None and field.default_factory is not dataclasses.MISSING:
+        return (
+            f"{hint} (its default_factory runs only in the dataclass's own __init__)."
+        )
+    return f"{hint} (or the field needs a default value)."
 
 
 def _finish(obj: Any) -> None:
@@ -122,6 +131,20 @@ def _finish(obj: Any) -> None:
             check_array_for_python_value(cls, name, value, python)
         if check_field(obj, name, value, declared_static):  # it holds carriers
             attrs[name] = jtu.tree_map(layer_of, value, is_leaf=stops)
+    if len(attrs) > len(spec.names):  # Equinox's wrapper names, or a ClassVar set
+        _refuse_class_level(cls, attrs)
+
+
+def _refuse_class_level(cls: type, attrs: dict[str, Any]) -> None:
+    """Refuses a `ClassVar` or `InitVar` that `__init__` set on the instance, as
+    Equinox does: a flatten would drop it, so eager code and `jax.jit` would differ."""
+    names = set(_fields.fields_of(cls).names)
+    for name in attrs:
+        if name in cls.__dataclass_fields__ and name not in names:  # pyright: ignore[reportAttributeAccessIssue]  # a dataclass
+            raise dataclasses.FrozenInstanceError(
+                f"{cls.__qualname__}.{name} is a ClassVar or an InitVar, not a field: "
+                "an instance cannot hold it. Assign it to the class, or declare a field."
+            )
 
 
 _NO_DEFAULT: Any = object()
@@ -220,7 +243,7 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
                 if name in self.__dataclass_fields__ or name in WRAPPER_FIELD_NAMES:
                     assign_in_init(self, name, value)
                     return
-                raise AttributeError(
+                raise dataclasses.FrozenInstanceError(
                     f"{type(self).__qualname__}.{name} is not a declared field. Declare "
                     f"every attribute in the class body, e.g. `{name}: Any` (an annotation "
                     "is enough; AutoModule works out whether it is static)."
