@@ -8,6 +8,7 @@ import inspect
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import cloudpickle
@@ -821,3 +822,39 @@ def test_an_unset_field_s_error_says_where_to_set_it():
         Late(jnp.ones(1))
     with pytest.raises(TypeError, match="default_factory runs only in the dataclass"):
         Made()
+
+
+def _rebuilt_function(x: Any) -> Any:
+    return x
+
+
+class _StateHooks:
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["function"]  # a local function, which pickle cannot store
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, function=_rebuilt_function)
+
+
+class Stateful(_StateHooks, asx.AutoModule):
+    w: jax.Array
+    function: Callable
+
+
+class StatefulTwin(_StateHooks, eqx.Module):
+    w: jax.Array
+    function: Callable = eqx.field(static=True)
+
+
+@pytest.mark.parametrize("cls", [Stateful, StatefulTwin], ids=["auto", "eqx"])
+def test_a_class_s_own_getstate_and_setstate_are_used(cls):
+    model = cls(jnp.ones(2), lambda x: x)
+    for copied in (
+        pickle.loads(pickle.dumps(model)),
+        copy.copy(model),
+        copy.deepcopy(model),
+    ):
+        assert copied.function is _rebuilt_function
+        np.testing.assert_array_equal(copied.w, model.w)

@@ -4,7 +4,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
 import equinox as eqx
@@ -270,18 +269,39 @@ class AutoModule(eqx.Module, metaclass=_AutoModuleMeta):
         # (`jax.tree.map(ema_update, copy.deepcopy(model), model)`).
         for function in _jax_functions(object.__getattribute__(self, "__dict__")):
             memo.setdefault(id(function), function)
-        rebuild, arguments = self.__reduce__()
-        return rebuild(*copy.deepcopy(arguments, memo))
+        rebuild, arguments, *state = self.__reduce__()
+        copied = rebuild(*copy.deepcopy(arguments, memo))
+        if state:  # the class's own `__getstate__` / `__setstate__`
+            _set_state(copied, copy.deepcopy(state[0], memo))
+        return copied
 
-    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    def __reduce__(self) -> tuple[Any, ...]:
         # For copy and pickle: the class and the attribute values, put back without
         # `__init__` (as Equinox's unflatten does), and for a template what it
-        # flattens as: a copied filter spec or `eval_shape` tree keeps its leaves.
-        attrs = dict(object.__getattribute__(self, "__dict__"))
-        state = template_state(self)
-        if state is None:
-            return (_rebuilt, (type(self), attrs))
-        return (_rebuilt, (type(self), attrs, state))
+        # flattens as: a copied filter spec or `eval_shape` tree keeps its leaves. A
+        # class's own `__getstate__` / `__setstate__` make and take the values.
+        template = template_state(self)
+        extra = () if template is None else (template,)
+        cls = type(self)
+        own_state = getattr(cls, "__getstate__", None) is not _DEFAULT_GETSTATE
+        if not own_state and not hasattr(cls, "__setstate__"):
+            attrs = dict(object.__getattribute__(self, "__dict__"))
+            return (_rebuilt, (cls, attrs, *extra))
+        getter = getattr(self, "__getstate__", None)  # none before Python 3.11
+        state = getter() if getter is not None else dict(vars(self))
+        return (_rebuilt, (cls, {}, *extra), state)
+
+
+# `object.__getstate__` (Python 3.11 on), which a class's own replaces.
+_DEFAULT_GETSTATE: Any = getattr(object, "__getstate__", None)
+
+
+def _set_state(obj: Any, state: Any) -> None:
+    """What `copy` and `pickle` do with a reduced object's state."""
+    if hasattr(obj, "__setstate__"):
+        obj.__setstate__(state)
+    else:
+        object.__getattribute__(obj, "__dict__").update(state)
 
 
 def _jax_functions(attrs: dict[str, Any]) -> list[Any]:
