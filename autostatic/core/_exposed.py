@@ -242,26 +242,25 @@ def layer_static_leaves(module: Any) -> list[Any]:
     """The non-array leaves Equinox's filter would see in the `eqx.nn` layers a
     module's fields not declared static hold (a `Dropout`'s rate, an `MLP`'s
     activation)."""
-    spec = fields_of(type(module))
-    attrs = object.__getattribute__(module, "__dict__")
-    values = [
-        attrs[name]
-        for name, declared in zip(spec.names, spec.declared_static)
-        if not declared and name in attrs
-    ]
-    layers = [x for x in jtu.tree_leaves(values, is_leaf=stops) if category(x) == LAYER]
+    leaves = jtu.tree_leaves(_unmarked_values(module), is_leaf=stops)
+    layers = [x for x in leaves if category(x) == LAYER]
     return [x for x in jtu.tree_leaves(layers) if not is_dynamic_leaf(x)]
 
 
 def static_leaves_of(module: Any) -> list[Any]:
     """The non-array leaves of a module's own fields that Equinox's filter would see:
     those of its fields not declared static, nodes in them excluded."""
+    leaves = jtu.tree_leaves(_unmarked_values(module), is_leaf=stops)
+    return [x for x in leaves if not stops(x) and not is_dynamic_leaf(x)]
+
+
+def _unmarked_values(module: Any) -> list[Any]:
+    """The values of a module's fields not declared static, which Equinox's filter
+    sees."""
     spec = fields_of(type(module))
     attrs = object.__getattribute__(module, "__dict__")
     return [
-        leaf
+        attrs[name]
         for name, declared in zip(spec.names, spec.declared_static)
         if not declared and name in attrs
-        for leaf in jtu.tree_leaves(attrs[name], is_leaf=stops)
-        if not stops(leaf) and not is_dynamic_leaf(leaf)
     ]

@@ -56,8 +56,8 @@ class _Seen:
         self.last_trace: weakref.ref[Any] | None = None
 
 
-# Per class (held weakly: a class made in a loop goes with its last instance), per
-# field, what it has been traced with.
+# Per class (held weakly: the counts never keep a class alive), per field, what it
+# has been traced with.
 _seen: "weakref.WeakKeyDictionary[type, dict[str, _Seen]]" = weakref.WeakKeyDictionary()
 
 

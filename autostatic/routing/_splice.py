@@ -41,13 +41,7 @@ from ..core._exposed import (
     static_leaves_of,
 )
 from ..core._fields import fields_of
-from ..core._leaves import (
-    ARRAY,
-    CARRIER,
-    category,
-    NODE,
-    NONE,
-)
+from ..core._leaves import ARRAY, CARRIER, category, NODE, NONE
 from ..core._node import flatten
 from ..core._templates import template_aux
 
