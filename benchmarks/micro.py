@@ -578,7 +578,8 @@ def carrier_forms(rounds: int = 30) -> None:
     dataclass nodes (`jax.tree_util.register_dataclass`: JAX reads each child field
     by name in C++), with plain slots named as the fields, and with read-only fields
     over private slots (frozen, as a layer is): made, flattened (made and walked, as
-    a flatten of their model makes them) and under a `jax.jit` call."""
+    a flatten of their model makes them), unflattened (JAX calls a dataclass node's
+    class with keywords) and under a `jax.jit` call."""
     layers = [eqx.nn.Linear(8, 8, key=jax.random.key(i)) for i in range(256)]
     # Read beforehand, as a flatten reads a layer's `__dict__` in C.
     values = [(layer.weight, layer.bias, layer) for layer in layers]
@@ -596,8 +597,10 @@ def carrier_forms(rounds: int = 30) -> None:
         cells[f"make: {name}"] = make
         cells[f"flatten: {name}"] = lambda t=tree: jax.tree_util.tree_flatten(t)
         cells[f"dispatch: {name}"] = lambda t=tree: jitted(t)
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        cells[f"unflatten: {name}"] = lambda d=treedef, x=leaves: d.unflatten(x)
     samples = run_interleaved(cells, rounds)
-    for op in ("make", "flatten", "dispatch"):
+    for op in ("make", "flatten", "unflatten", "dispatch"):
         _report(
             f"256 carriers, {op}: dataclass nodes / custom node",
             {k: v for k, v in samples.items() if k.startswith(op)},
