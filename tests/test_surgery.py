@@ -549,6 +549,57 @@ def test_eqx_tree_at_on_a_none_mapped_tree_puts_the_axis_in_as_a_leaf(where):
     assert results[0] == results[1]
 
 
+class _Named(asx.AutoModule):
+    params: dict  # an array and a name: a mixed field
+    bias: jax.Array
+
+
+class _EqxNamed(eqx.Module):
+    params: dict
+    bias: jax.Array
+
+
+def _batched_w(model, batch):
+    return eqx.tree_at(lambda m: m.params["w"], model, jnp.ones((batch, 3, 4)))
+
+
+_DEVICE = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+@pytest.mark.parametrize(
+    "fill, label, use",
+    [
+        (None, 0, lambda m, t: jax.vmap(lambda m: m.params["w"].sum(), (t,))(m)),
+        (False, True, lambda m, t: eqx.partition(m, t)[0].params["w"]),
+        (_DEVICE, _DEVICE, lambda m, t: jax.device_put(m, t).params["w"]),
+    ],
+    ids=["vmap in_axes", "filter spec", "shardings"],
+)
+def test_eqx_tree_at_puts_a_label_over_a_whole_mixed_field_of_a_mapped_tree(
+    fill, label, use
+):
+    """An axis, a flag or a sharding that `eqx.tree_at` puts over a whole field
+    mixing arrays and static values, in a tree mapped from the model, stands for
+    the whole field, as in the twin's dynamic half: the tree stays a prefix of the
+    model, also mapped again (`jax.jit` maps shardings to layouts of `None`s)."""
+    results = []
+    for cls in (_Named, _EqxNamed):
+        model = _batched_w(
+            cls({"w": jnp.ones((3, 4)), "name": "proj"}, jnp.zeros(4)), 2
+        )
+        if cls is _EqxNamed:  # plain JAX refuses the name: the dynamic half
+            model = eqx.filter(model, eqx.is_array)
+        tree = jax.tree_util.tree_map(lambda _: fill, model)
+        tree = eqx.tree_at(lambda t: t.params, tree, label, is_leaf=lambda x: x is None)
+        assert jax.tree_util.tree_leaves(tree)[0] is label
+        for prefix in (tree, jax.tree_util.tree_map(lambda _: None, tree)):
+            jax.tree_util.tree_map(
+                lambda *_: None, prefix, model, is_leaf=lambda x: x is None
+            )
+        results.append(use(model, tree))
+    assert eqx.tree_equal(*results)
+
+
 def test_eqx_tree_at_with_another_field_s_list_gives_a_fresh_model_s_treedef():
     a = Layers([jnp.ones(2), jax.nn.relu])
     b = Stack([jnp.zeros(2), jax.nn.relu])

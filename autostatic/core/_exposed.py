@@ -4,8 +4,9 @@
 Equinox's functions that look at non-array leaves (`eqx.tree_at` on a static value,
 `eqx.tree_serialise_leaves`, `eqx.nn.inference_mode`, a filter of non-arrays) work on
 this form; `decide_again` makes AutoModules of an exposed tree again, each flattened
-from its values from then on, and `keep_layer_structures` gives the layers that
-`eqx.tree_at` put in a tree mapped from a model (a filter spec) that model's structure.
+from its values from then on, and `keep_layer_structures` and `keep_module_structures`
+give the layers and AutoModules that `eqx.tree_at` made in a tree mapped from a model
+(a filter spec) that model's structure.
 """
 
 import functools
@@ -29,6 +30,7 @@ from ._leaves import (
 from ._node import to_carrier
 from ._templates import (
     changed_children_only,
+    keep_shape,
     remember_fields,
     remember_template,
     take_markers,
@@ -172,14 +174,36 @@ def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
                 take_structure(new, aux)
 
 
+def keep_module_structures(tree: Any, out: Any) -> None:
+    """In a tree mapped from a model (a vmap `in_axes`, a sharding or filter spec:
+    templates, or a tree without leaves), each AutoModule that `tree_at` made anew
+    in `out` from the exposed form keeps the node of the one at its place in `tree`,
+    with the new values as children (`_templates.keep_shape`); a model is left as
+    decided from its values."""
+    mapped = not jtu.tree_leaves(tree)  # `None`s: an `in_axes` being made
+    if not (templates or mapped):  # no template lives: nothing mapped from a model
+        return
+    with layers_as_nodes():
+        before, after = _nodes_by_path(tree, NODE), _nodes_by_path(out, NODE)
+    for path, new in after.items():
+        old = before.get(path)
+        if old is not None and new is not old and type(new) is type(old):
+            keep_shape(old, new, mapped)
+
+
 def _layers_by_path(tree: Any) -> dict[Any, Any]:
-    """Every `eqx.nn` layer in `tree` (inside layers too), by key path; in surgery
-    mode, where each is a node of the tree."""
+    return _nodes_by_path(tree, LAYER)
+
+
+def _nodes_by_path(tree: Any, kind: int) -> dict[Any, Any]:
+    """Every `eqx.nn` layer (`kind` LAYER) or AutoModule (NODE) in `tree`, inside
+    any node too, by key path; in surgery mode, where each layer is a node of the
+    tree."""
     found: dict[Any, Any] = {}
-    pending = [((), tree)]
+    pending = [((), [tree])]  # in a list: `tree` itself may be one
     while pending:
         prefix, top = pending.pop()
-        inner = functools.partial(_is_inner_layer, top)
+        inner = functools.partial(_is_inner, top, kind)
         for path, x in jtu.tree_flatten_with_path(top, is_leaf=inner)[0]:
             if inner(x):
                 found[prefix + path] = x
@@ -187,8 +211,8 @@ def _layers_by_path(tree: Any) -> dict[Any, Any]:
     return found
 
 
-def _is_inner_layer(top: Any, x: Any) -> bool:
-    return x is not top and category(x) == LAYER
+def _is_inner(top: Any, kind: int, x: Any) -> bool:
+    return x is not top and category(x) == kind
 
 
 def new_module(cls: type, attrs: dict[str, Any]) -> Any:

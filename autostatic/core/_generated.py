@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from ._static import RAW_ENTRY_TYPES
 from ._ways import (
+    BOTH,
     CARRY,
     CHILD,
     ENTRY,
@@ -378,7 +379,7 @@ def unflatten(cls, aux, children):
     self = new(cls)
     attrs = {dict_of_self}
 {stores}
-    if not ({checks}) and not real_items(children):
+    if not ({checks}) and not real_items(children){holes}:
         settle(self, attrs, aux, children)
 {note}    return self
 '''
@@ -405,9 +406,11 @@ def fast_unflatten(
     in its attribute dict in field order (a child as it is, a static entry of a type
     that is its own value as it is, any other through `static_value`, a mixed field
     by its entry's `fill`), the types of the children checked against those a real
-    model holds. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
+    model holds and a mixed field's child against `None` (`_templates.holes_lost`).
+    `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
     `noted` and `static_value`."""
-    children = [f"c{i}" for i, _ in enumerate(p for p in plan.parts if p != ENTRY)]
+    child_parts = [p for p in plan.parts if p != ENTRY]
+    children = [f"c{i}" for i, _ in enumerate(child_parts)]
     types = iter(plan.types)
     stores, c, e = [], 0, 1
     for name, part in zip(plan.names, plan.parts):
@@ -428,6 +431,9 @@ def fast_unflatten(
         dict_of_self=_dict_of_self(owner),
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
+        holes="".join(
+            f" or {v} is None" for v, p in zip(children, child_parts) if p == BOTH
+        ),
         note=(
             "    if plan.last_aux_id != id(aux):\n        noted(cls, aux, children)\n"
             if plan.counted

@@ -56,7 +56,13 @@ from ._plan import (
 )
 from ._split import FlatHoles, RAW, split, static_value, StaticSeq
 from ._static import hold
-from ._templates import flatten_template, real_items, settle, templates
+from ._templates import (
+    flatten_template,
+    holes_lost,
+    real_items,
+    settle,
+    templates,
+)
 from ._ways import (
     CARRY,
     CHILD,
@@ -389,8 +395,10 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
         attrs.update(zip(plan.names, plan.order(children + aux)))
     else:
         _fill(plan, attrs, aux, children)
-    if plan.exposed or not (
-        real_types.issuperset(map(type, children)) or real_items(children)
+    if (
+        plan.exposed
+        or not (real_types.issuperset(map(type, children)) or real_items(children))
+        or holes_lost(plan.parts, children)
     ):
         settle(obj, attrs, aux, children)
     elif not plan.partial and cls not in _fast_unflattens:

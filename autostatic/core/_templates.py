@@ -57,14 +57,25 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     carriers an `is_leaf` tree_map gave back become their layers, and if a leaf of
     the children is still not an array, the instance is a template."""
     leaves = jtu.tree_leaves(children, is_leaf=stops)
+    lost = holes_lost(aux[0].parts, children)
     if any(category(x) == CARRIER for x in leaves):
         for name, part in zip(aux[0].names, aux[0].parts):
             if part != ENTRY and name in attrs:
                 attrs[name] = jtu.tree_map(layer_of, attrs[name], is_leaf=stops)
-    if aux[0].exposed or not all(category(x) in REAL for x in leaves):
+    if aux[0].exposed or lost or not all(category(x) in REAL for x in leaves):
         remember_template(obj, aux, children)
         if is_traced():
             note_held_numbers(type(obj), aux[0], children)
+
+
+def holes_lost(parts: tuple[int, ...], children: Any) -> bool:
+    """Whether the child of a field split in both parts is `None`: unflattened from a
+    tree that held one leaf there (a prefix, as `tree_at` makes an `in_axes`) mapped
+    to `None`s, whose split from its values would not give that node back."""
+    if BOTH not in parts:
+        return False
+    with_child = [part for part in parts if part != ENTRY]
+    return any(p == BOTH and c is None for p, c in zip(with_child, children))
 
 
 # Templates, by id: each with a weak reference to it, and the aux and children it
@@ -145,6 +156,55 @@ def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:
         part == CHILD or before.get(name) is after.get(name)
         for name, part in zip(plan.names, plan.parts)
     )
+
+
+def keep_shape(old: Any, new: Any, mapped: bool) -> None:
+    """Makes `new`, made by `eqx.tree_at` in place of `old` in a tree mapped from a
+    model, a template of `old`'s node: the same aux (so the tree stays a prefix of
+    the model), each field's child `old`'s where `new` holds what `old` held (the
+    same leaves), else the new value, as a replaced subtree is in an `eqx.Module`
+    (a static field replaced becomes a child). `old` is a template; or, with
+    `mapped` (a tree without leaves, as an `in_axes` of `None`s starts, or a model
+    holding no array), any AutoModule whose only changes are single labels (an
+    axis, a sharding) put over whole mixed fields, which a model cannot hold."""
+    record = _record(old)
+    if record is None and mapped:
+        children, shape = jtu.tree_flatten(old, is_leaf=lambda x: x is not old)
+        record = shape.node_data()[1], tuple(children)
+    if record is None or record[0][0].exposed:
+        return
+    aux, children = record
+    before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
+    parts, kept, entries = [], [], []
+    child_of, entry_of = iter(children), iter(aux[1:])
+    for name, part in zip(aux[0].names, aux[0].parts):
+        child = next(child_of) if part != ENTRY else None
+        entry = next(entry_of) if part != CHILD else None
+        if name in after and not _same_leaves(before.get(name), after[name]):
+            if mapped and not (part == BOTH and _is_label(after[name])):
+                return  # a model holding no array: decided from its values
+            child = after[name]
+            if part == ENTRY:
+                part = CHILD
+        parts.append(part)
+        if part != ENTRY:
+            kept.append(child)
+        if part != CHILD:
+            entries.append(entry)
+    if tuple(parts) != aux[0].parts:
+        types = entry_types(tuple(parts), entries)
+        aux = (plan_for(fields_of(type(new)), tuple(parts), types, False), *entries)
+    remember_template(new, aux, tuple(kept))
+
+
+def _is_label(value: Any) -> bool:
+    return category(value) not in (CONTAINER, *NODES) and not eqx.is_array(value)
+
+
+def _same_leaves(a: Any, b: Any) -> bool:
+    leaves_a, treedef_a = jtu.tree_flatten(a, is_leaf=stops)
+    leaves_b, treedef_b = jtu.tree_flatten(b, is_leaf=stops)
+    return treedef_a == treedef_b and all(map(operator.is_, leaves_a, leaves_b))
 
 
 def take_markers(layer: Any) -> None:

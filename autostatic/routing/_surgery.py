@@ -20,7 +20,12 @@ import jax.tree_util as jtu
 
 from .._compat import original_inference_mode, original_tree_at
 from ..core._carriers import layers_as_carriers, layers_as_nodes
-from ..core._exposed import holds_modules, keep_layer_structures, on_exposed
+from ..core._exposed import (
+    holds_modules,
+    keep_layer_structures,
+    keep_module_structures,
+    on_exposed,
+)
 from ..core._leaves import all_real, is_model
 
 _sentinel: Any = object()
@@ -47,13 +52,17 @@ def tree_at(
     Same signature and semantics as `equinox.tree_at`; `where` may point at any
     attribute, array or not: `tree_at(lambda m: m.dropout.p, model, 0.2)`. The result's
     AutoModules are re-partitioned, so the replacement is static or dynamic according
-    to what it is.
+    to what it is; in a tree mapped from a model (a vmap `in_axes`, a filter spec)
+    what was not replaced keeps that model's structure, and a replaced field is a
+    child, as in an `eqx.Module`.
     """
     kwargs = _replacements(replace, replace_fn)
-    return on_exposed(
+    out = on_exposed(
         lambda exposed: original_tree_at(where, exposed, is_leaf=is_leaf, **kwargs),
         pytree,
     )
+    keep_module_structures(pytree, out)
+    return out
 
 
 def routed_tree_at(
