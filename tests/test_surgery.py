@@ -550,12 +550,12 @@ def test_eqx_tree_at_on_a_none_mapped_tree_puts_the_axis_in_as_a_leaf(where):
 
 
 class _Named(asx.AutoModule):
-    params: dict  # an array and a name: a mixed field
+    params: Any  # arrays and a name: a mixed field
     bias: jax.Array
 
 
 class _EqxNamed(eqx.Module):
-    params: dict
+    params: Any
     bias: jax.Array
 
 
@@ -598,6 +598,99 @@ def test_eqx_tree_at_puts_a_label_over_a_whole_mixed_field_of_a_mapped_tree(
             )
         results.append(use(model, tree))
     assert eqx.tree_equal(*results)
+
+
+class _Parts(asx.AutoModule):
+    x: dict  # arrays beside a name and a function, in lists and alone
+    act: Any
+    bias: jax.Array
+
+
+class _EqxParts(eqx.Module):
+    x: dict
+    act: Any
+    bias: jax.Array
+
+
+def _params(cls):
+    x = {"a": [jnp.ones(2), "s"], "b": [jnp.ones(2), "t"], "f": jax.nn.relu}
+    model = cls(x, jax.nn.relu, jnp.ones(2))
+    return model if cls is _Parts else eqx.filter(model, eqx.is_array)
+
+
+@pytest.mark.parametrize(
+    "fill, where, label",
+    [
+        (None, lambda t: t.x["a"], 0),
+        (None, lambda t: (t.x, t.bias), (0, 0)),
+        (0, lambda t: t.x["b"], None),
+        (0, lambda t: t.x["f"], None),
+        (0, lambda t: t.act, None),
+        (False, lambda t: t.x["a"], True),
+    ],
+    ids=[
+        "a mixed list, in Nones",
+        "a mixed field and an array",
+        "a mixed list, in 0s",
+        "a static leaf",
+        "a static field",
+        "a mixed list, in bools",
+    ],
+)
+def test_labels_put_by_eqx_tree_at_in_a_mapped_tree_are_as_in_the_twin_s(
+    fill, where, label
+):
+    """Wherever `eqx.tree_at` puts labels in a tree mapped from a model, the tree
+    has the leaves the twin's dynamic half's tree has, and stays a prefix of the
+    model: the model's static leaves never become labels."""
+    results = []
+    for cls in (_Parts, _EqxParts):
+        model = _params(cls)
+        tree = jax.tree_util.tree_map(lambda _: fill, model)
+        tree = eqx.tree_at(where, tree, label, is_leaf=lambda x: x is None)
+        jax.tree_util.tree_map(lambda *_: 0, tree, model, is_leaf=lambda x: x is None)
+        found = jax.tree_util.tree_leaves_with_path(tree)
+        results.append([(jax.tree_util.keystr(p), x) for p, x in found])
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(
+    "params, where",
+    [
+        ([jnp.ones(3), "s", jnp.ones(2)], lambda t: t.params[2]),
+        ({"w": jnp.ones(3), "name": "proj"}, lambda t: t.params),
+        (
+            [eqx.nn.Linear(2, 2, key=KEY), jax.nn.relu, eqx.nn.Linear(2, 2, key=KEY)],
+            lambda t: t.params[0],
+        ),
+    ],
+    ids=["a mixed list", "a mixed dict", "a list of layers and a function"],
+)
+def test_optax_masked_and_multi_transform_over_mixed_fields_as_for_eqx_module(
+    params, where
+):
+    """`optax.masked` puts `MaskedNode()` where its mask leaves a part out, and
+    `multi_transform` a mask per label: the updates keep the model's structure,
+    as with the twin's array half."""
+    import optax
+
+    results = []
+    for cls in (_Named, _EqxNamed):
+        model = cls(params, jnp.ones(4))
+        model = model if cls is _Named else eqx.filter(model, eqx.is_array)
+        off = eqx.tree_at(where, jax.tree_util.tree_map(lambda _: True, model), False)
+        labels = eqx.tree_at(where, jax.tree_util.tree_map(lambda _: "a", model), "b")
+        for tx in (
+            optax.masked(
+                optax.sgd(1.0), jax.tree_util.tree_map(lambda _: False, model)
+            ),
+            optax.masked(optax.sgd(1.0), off),
+            optax.multi_transform({"a": optax.sgd(1.0), "b": optax.sgd(-3.0)}, labels),
+        ):
+            updates, _ = tx.update(model, tx.init(model), model)
+            results.append(jax.tree_util.tree_leaves(updates))
+    half = len(results) // 2
+    assert eqx.tree_equal(results[:half], results[half:])
 
 
 def test_eqx_tree_at_with_another_field_s_list_gives_a_fresh_model_s_treedef():

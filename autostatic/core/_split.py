@@ -278,7 +278,7 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
         found = _split_rows(value, snapshot, array_field)
         if found is not None:
             return found
-    if CONTAINER in cats:
+    if CONTAINER in cats and not all(map(_flat_item, snapshot)):
         return _split_tree(value, array_field, node_child)
     items = list(snapshot)
     positions = []
@@ -300,6 +300,13 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     child = items if cls is list else tuple(items)
     types = tuple(map(type, held))
     return BOTH, child, FlatHoles((cls, tuple(positions), types, *held))
+
+
+def _flat_item(x: Any) -> bool:
+    """An item a list's split takes as it is or static, not looked into: any but a
+    container, or a node without leaves (optax's `MaskedNode()`, which
+    `optax.masked` puts where an item was: the list still splits by items)."""
+    return category(x) != CONTAINER or is_fieldless_namedtuple(x)
 
 
 _ROWS: Final = frozenset({tuple})

@@ -27,6 +27,7 @@ from ._leaves import (
     CARRIER,
     category,
     CONTAINER,
+    is_fieldless_namedtuple,
     LAYER,
     leaf_types,
     NODES,
@@ -69,13 +70,17 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
 
 
 def holes_lost(parts: tuple[int, ...], children: Any) -> bool:
-    """Whether the child of a field split in both parts is `None`: unflattened from a
-    tree that held one leaf there (a prefix, as `tree_at` makes an `in_axes`) mapped
-    to `None`s, whose split from its values would not give that node back."""
+    """Whether the child of a field split in both parts is a node without leaves
+    (`None`, optax's `MaskedNode()`): unflattened from a tree that held one leaf
+    there (a prefix, as `tree_at` makes an `in_axes` or a mask) mapped to such
+    nodes, whose split from its values would not give that node back."""
     if BOTH not in parts:
         return False
     with_child = [part for part in parts if part != ENTRY]
-    return any(p == BOTH and c is None for p, c in zip(with_child, children))
+    return any(
+        p == BOTH and (c is None or is_fieldless_namedtuple(c))
+        for p, c in zip(with_child, children)
+    )
 
 
 # Templates, by id: each with a weak reference to it, and the aux and children it
@@ -160,13 +165,14 @@ def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:
 
 def keep_shape(old: Any, new: Any, mapped: bool) -> None:
     """Makes `new`, made by `eqx.tree_at` in place of `old` in a tree mapped from a
-    model, a template of `old`'s node: the same aux (so the tree stays a prefix of
-    the model), each field's child `old`'s where `new` holds what `old` held (the
-    same leaves), else the new value, as a replaced subtree is in an `eqx.Module`
-    (a static field replaced becomes a child). `old` is a template; or, with
-    `mapped` (a tree without leaves, as an `in_axes` of `None`s starts, or a model
-    holding no array), any AutoModule whose only changes are single labels (an
-    axis, a sharding) put over whole mixed fields, which a model cannot hold."""
+    model, a template of `old`'s node, so that the tree stays a prefix of the model:
+    the same aux, each field's child `old`'s where `new` holds what `old` held (the
+    same leaves), else the new value, as a replaced subtree is in an `eqx.Module`,
+    with `old`'s static leaves still in place taken out again. A label put at a
+    static field stands for no array: the model's static value stays. `old` is a
+    template; or, with `mapped` (a tree without leaves, as an `in_axes` of `None`s
+    starts, or a model holding no array), any AutoModule whose changes are labels
+    put where it has children."""
     record = _record(old)
     if record is None and mapped:
         children, shape = jtu.tree_flatten(old, is_leaf=lambda x: x is not old)
@@ -175,30 +181,46 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
         return
     aux, children = record
     before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
-    parts, kept, entries = [], [], []
-    child_of, entry_of = iter(children), iter(aux[1:])
+    kept, child_of, entry_of = [], iter(children), iter(aux[1:])
     for name, part in zip(aux[0].names, aux[0].parts):
         child = next(child_of) if part != ENTRY else None
         entry = next(entry_of) if part != CHILD else None
         if name in after and not _same_leaves(before.get(name), after[name]):
-            if mapped and not (part == BOTH and _is_label(after[name])):
+            value = after[name]
+            if mapped and (part == ENTRY or _holds_array(value)):
                 return  # a model holding no array: decided from its values
-            child = after[name]
-            if part == ENTRY:
-                part = CHILD
-        parts.append(part)
+            if part == BOTH:
+                child = _without_holes(entry, value)
+            elif part == CHILD:
+                child = value
         if part != ENTRY:
             kept.append(child)
-        if part != CHILD:
-            entries.append(entry)
-    if tuple(parts) != aux[0].parts:
-        types = entry_types(tuple(parts), entries)
-        aux = (plan_for(fields_of(type(new)), tuple(parts), types, False), *entries)
     remember_template(new, aux, tuple(kept))
 
 
-def _is_label(value: Any) -> bool:
-    return category(value) not in (CONTAINER, *NODES) and not eqx.is_array(value)
+_MISSING: Any = object()
+
+
+def _without_holes(record: Any, value: Any) -> Any:
+    """`value`, a mixed field's value changed by `tree_at`, with each static leaf
+    of `record` (its holes) still at its place put back to `None`: its child."""
+    place = record.places()
+    held = {place(i): leaf for i, leaf in record.held()}
+
+    def child_leaf(path: Any, x: Any) -> Any:
+        static = held.get(jtu.keystr(path), _MISSING)
+        return None if static is x or _equal(static, x) else x
+
+    return jtu.tree_map_with_path(child_leaf, value, is_leaf=stops)
+
+
+def _equal(static: Any, x: Any) -> bool:
+    if type(static) is not type(x):
+        return False
+    try:
+        return bool(static == x)
+    except Exception:  # a comparison without a truth value: another value
+        return False
 
 
 def _same_leaves(a: Any, b: Any) -> bool:
