@@ -693,6 +693,40 @@ def test_optax_masked_and_multi_transform_over_mixed_fields_as_for_eqx_module(
     assert eqx.tree_equal(results[:half], results[half:])
 
 
+class _Scaled(asx.AutoModule):
+    w: jax.Array
+    scale: jax.Array  # a Python number here is a leaf: a tree map makes a template
+    layers: list
+
+
+def _scaled_by_tree_map():
+    model = _Scaled(jnp.ones(2), 2.0, [jnp.ones(2), jax.nn.relu])
+    return jax.tree_util.tree_map(lambda x: x, model)
+
+
+def _placeholders():
+    return _Scaled(None, None, [None, jax.nn.relu])
+
+
+@pytest.mark.parametrize(
+    "make", [_scaled_by_tree_map, _placeholders], ids=["template", "no array"]
+)
+def test_eqx_tree_at_of_a_static_value_in_a_model_is_decided_from_its_values(make):
+    """A model that is a template (a number held for an array, then a tree map) or
+    holds no array yet is no tree of labels: a static value `eqx.tree_at` puts in
+    it is static, what the model flattens as and what `jax.jit` runs."""
+    new = eqx.tree_at(lambda m: m.layers[1], make(), jax.nn.gelu)
+    new = eqx.tree_at(
+        lambda m: (m.w, m.scale, m.layers[0]),
+        new,
+        (jnp.ones(2), jnp.array(2.0), jnp.ones(2)),
+        is_leaf=lambda x: x is None,
+    )
+    assert jax.tree_util.tree_map(lambda x: x, new).layers[1] is jax.nn.gelu
+    out = jax.jit(lambda m: m.layers[1](m.w * m.scale + m.layers[0]))(new)
+    assert jnp.allclose(out, jax.nn.gelu(jnp.full(2, 3.0)))
+
+
 def test_eqx_tree_at_with_another_field_s_list_gives_a_fresh_model_s_treedef():
     a = Layers([jnp.ones(2), jax.nn.relu])
     b = Stack([jnp.zeros(2), jax.nn.relu])

@@ -20,10 +20,12 @@ from ._fields import fields_of
 from ._leaves import (
     CARRIER,
     category,
+    is_array,
     is_dynamic,
     is_dynamic_leaf,
     LAYER,
     NODE,
+    SHAPE,
     snapshot,
     stops,
 )
@@ -162,7 +164,7 @@ def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
     its values (a spec's labels, in a tree without leaves, are only what `tree_at`
     put at the model's array places)."""
     with layers_as_nodes():
-        before, after = _layers_by_path(tree), _layers_by_path(out)
+        before, after = _nodes_by_path(tree, LAYER), _nodes_by_path(out, LAYER)
     for path, new in after.items():
         old = before.get(path)
         if old is None:
@@ -175,12 +177,17 @@ def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
 
 
 def keep_module_structures(tree: Any, out: Any) -> None:
-    """In a tree mapped from a model (a vmap `in_axes`, a sharding or filter spec:
-    templates, or a tree without leaves), each AutoModule that `tree_at` made anew
-    in `out` from the exposed form keeps the node of the one at its place in `tree`,
-    with the new values as children (`_templates.keep_shape`); a model is left as
-    decided from its values."""
-    mapped = not jtu.tree_leaves(tree)  # `None`s: an `in_axes` being made
+    """In a tree of labels mapped from a model (a vmap `in_axes`, a sharding or
+    filter spec: templates, or a tree without leaves), each AutoModule that `tree_at`
+    made anew in `out` from the exposed form keeps the node of the one at its place
+    in `tree`, with the new values as children (`_templates.keep_shape`). A tree
+    holding arrays, `ShapeDtypeStruct`s or floats is a model (a template too where
+    it holds a number for an array, or made by `eqx.filter_eval_shape`): decided
+    from its values."""
+    leaves = jtu.tree_leaves(tree)
+    if any(is_array(x) or category(x) == SHAPE or type(x) is float for x in leaves):
+        return
+    mapped = not leaves  # `None`s: an `in_axes` being made
     if not (templates or mapped):  # no template lives: nothing mapped from a model
         return
     with layers_as_nodes():
@@ -189,10 +196,6 @@ def keep_module_structures(tree: Any, out: Any) -> None:
         old = before.get(path)
         if old is not None and new is not old and type(new) is type(old):
             keep_shape(old, new, mapped)
-
-
-def _layers_by_path(tree: Any) -> dict[Any, Any]:
-    return _nodes_by_path(tree, LAYER)
 
 
 def _nodes_by_path(tree: Any, kind: int) -> dict[Any, Any]:

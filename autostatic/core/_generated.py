@@ -379,7 +379,7 @@ def unflatten(cls, aux, children):
     self = new(cls)
     attrs = {dict_of_self}
 {stores}
-    if not ({checks}) and not real_items(children){holes}:
+    if {holes}(not ({checks}) and not real_items(children)):
         settle(self, attrs, aux, children)
 {note}    return self
 '''
@@ -406,7 +406,8 @@ def fast_unflatten(
     in its attribute dict in field order (a child as it is, a static entry of a type
     that is its own value as it is, any other through `static_value`, a mixed field
     by its entry's `fill`), the types of the children checked against those a real
-    model holds and a mixed field's child against `None` (`_templates.holes_lost`).
+    model holds and a mixed field's child against `None` (`_templates.holes_lost`;
+    a `MaskedNode()` there fails the type check, and `settle` looks again).
     `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
     `noted` and `static_value`."""
     child_parts = [p for p in plan.parts if p != ENTRY]
@@ -432,7 +433,7 @@ def fast_unflatten(
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
         holes="".join(
-            f" or {v} is None" for v, p in zip(children, child_parts) if p == BOTH
+            f"{v} is None or " for v, p in zip(children, child_parts) if p == BOTH
         ),
         note=(
             "    if plan.last_aux_id != id(aux):\n        noted(cls, aux, children)\n"

@@ -281,16 +281,17 @@ def _split_items(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     if CONTAINER in cats and not all(map(_flat_item, snapshot)):
         return _split_tree(value, array_field, node_child)
     items = list(snapshot)
-    positions = []
+    positions, carried = [], False
     for i, item in enumerate(items):
         way = item_way(item, array_field)
         if way == CARRY:
-            items[i] = node_child(item)
+            items[i], carried = node_child(item), True
         elif way != TAKE:
             positions.append(i)
     cls = type(value)
-    if not positions:
-        return CHILD, (items if cls is list else tuple(items)), None
+    if not positions:  # the value itself, a node of the tree, unless carriers
+        child = value if not carried else items if cls is list else tuple(items)
+        return CHILD, child, None
     if len(positions) == len(items):  # no child: static whole
         held = [hold(x) for x in snapshot]
         return ENTRY, None, StaticSeq((cls, tuple(map(type, held)), *held))

@@ -8,7 +8,8 @@ from such leaves is what inox abandoned). Such an instance is a *template*: it
 flattens as the aux and children it was unflattened with. It is told apart when
 unflattened: a child's leaf that is no array. (A `None` is an empty child, as in an
 `eqx.Module`, so a model's arrays mapped to `None`s split as the arrays did, and that
-tree needs no template.) The exposed form (`_exposed`) is a template whose plan makes every field a
+tree needs no template; but a `None` for a whole mixed field, which a split never
+gives, makes one: `holes_lost`.) The exposed form (`_exposed`) is a template whose plan makes every field a
 child, and an array half (`_exposed.array_half`) one holding Equinox's attributes.
 """
 
@@ -27,6 +28,7 @@ from ._leaves import (
     CARRIER,
     category,
     CONTAINER,
+    is_array,
     is_fieldless_namedtuple,
     LAYER,
     leaf_types,
@@ -164,15 +166,15 @@ def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:
 
 
 def keep_shape(old: Any, new: Any, mapped: bool) -> None:
-    """Makes `new`, made by `eqx.tree_at` in place of `old` in a tree mapped from a
-    model, a template of `old`'s node, so that the tree stays a prefix of the model:
-    the same aux, each field's child `old`'s where `new` holds what `old` held (the
-    same leaves), else the new value, as a replaced subtree is in an `eqx.Module`,
-    with `old`'s static leaves still in place taken out again. A label put at a
-    static field stands for no array: the model's static value stays. `old` is a
-    template; or, with `mapped` (a tree without leaves, as an `in_axes` of `None`s
-    starts, or a model holding no array), any AutoModule whose changes are labels
-    put where it has children."""
+    """Makes `new`, made by `eqx.tree_at` in place of `old` in a tree of labels
+    mapped from a model (axes, shardings, flags), a template of `old`'s node, so that
+    the tree stays a prefix of the model: the same aux, each changed field's child
+    its new value less the model's static leaves still in place, as a replaced
+    subtree is in an `eqx.Module`; a label put at a static field stands for no
+    array, and the model's static value stays. `old` is a template; or, with
+    `mapped` (a tree without leaves, as an `in_axes` of `None`s starts, or a model
+    holding no array), any AutoModule, left decided from its values where a static
+    field changed or a value put is no label or sits where a static leaf was."""
     record = _record(old)
     if record is None and mapped:
         children, shape = jtu.tree_flatten(old, is_leaf=lambda x: x is not old)
@@ -185,33 +187,53 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
     for name, part in zip(aux[0].names, aux[0].parts):
         child = next(child_of) if part != ENTRY else None
         entry = next(entry_of) if part != CHILD else None
-        if name in after and not _same_leaves(before.get(name), after[name]):
-            value = after[name]
-            if mapped and (part == ENTRY or _holds_array(value)):
-                return  # a model holding no array: decided from its values
-            if part == BOTH:
-                child = _without_holes(entry, value)
-            elif part == CHILD:
-                child = value
+        value = after.get(name, child)
+        if name in after and not _same_leaves(before.get(name), value):
+            if part == ENTRY:  # a label where the model has no array: nothing
+                if mapped:  # a model holding no array, maybe: decided afresh
+                    return
+                continue
+            child, clash = (
+                (value, False) if part == CHILD else _without_holes(entry, value)
+            )
+            if mapped and (clash or not _labels_only(child)):
+                return
         if part != ENTRY:
             kept.append(child)
     remember_template(new, aux, tuple(kept))
 
 
+def _labels_only(child: Any) -> bool:
+    return all(map(_is_label, jtu.tree_leaves(child, is_leaf=stops)))
+
+
+def _is_label(x: Any) -> bool:
+    """An axis, a sharding, a flag: what a tree mapped from a model holds, never a
+    function or an array a model would."""
+    return category(x) not in (CONTAINER, *NODES) and not (callable(x) or is_array(x))
+
+
 _MISSING: Any = object()
 
 
-def _without_holes(record: Any, value: Any) -> Any:
+def _without_holes(entry: Any, value: Any) -> tuple[Any, bool]:
     """`value`, a mixed field's value changed by `tree_at`, with each static leaf
-    of `record` (its holes) still at its place put back to `None`: its child."""
-    place = record.places()
-    held = {place(i): leaf for i, leaf in record.held()}
+    of its `entry` (`Holes`, `FlatHoles`) still at its place put back to `None`: its
+    child; and whether another value sits where a static leaf was."""
+    place = entry.places()
+    held = {place(i): leaf for i, leaf in entry.held()}
+    clashes = []
 
     def child_leaf(path: Any, x: Any) -> Any:
         static = held.get(jtu.keystr(path), _MISSING)
-        return None if static is x or _equal(static, x) else x
+        if static is _MISSING:
+            return x
+        if static is x or _equal(static, x):
+            return None
+        clashes.append(x)
+        return x
 
-    return jtu.tree_map_with_path(child_leaf, value, is_leaf=stops)
+    return jtu.tree_map_with_path(child_leaf, value, is_leaf=stops), bool(clashes)
 
 
 def _equal(static: Any, x: Any) -> bool:

@@ -94,7 +94,7 @@ def way_of(value: Any, declared_static: bool, array_field: bool) -> str:
 
 def item_way(x: Any, array_field: bool) -> str:
     """The way `x`, a field's value or an item of its list or tuple, is taken: an
-    array, a module, `None` or optax's `MaskedNode()` as it is, a layer as its carrier, a number or
+    array, a module, `None` or `MaskedNode()` as it is, a layer as its carrier, a number or
     `ShapeDtypeStruct` as an array in a field annotated to hold arrays, a container
     split, anything else static."""
     cat = category(x)
