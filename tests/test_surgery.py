@@ -658,13 +658,19 @@ def test_labels_put_by_eqx_tree_at_in_a_mapped_tree_are_as_in_the_twin_s(
     "params, where",
     [
         ([jnp.ones(3), "s", jnp.ones(2)], lambda t: t.params[2]),
+        ([jnp.ones(3), "s", (jnp.ones(2), jnp.ones(2))], lambda t: t.params[2]),
         ({"w": jnp.ones(3), "name": "proj"}, lambda t: t.params),
         (
             [eqx.nn.Linear(2, 2, key=KEY), jax.nn.relu, eqx.nn.Linear(2, 2, key=KEY)],
             lambda t: t.params[0],
         ),
     ],
-    ids=["a mixed list", "a mixed dict", "a list of layers and a function"],
+    ids=[
+        "a mixed list",
+        "a container item",
+        "a mixed dict",
+        "a list of layers and a function",
+    ],
 )
 def test_optax_masked_and_multi_transform_over_mixed_fields_as_for_eqx_module(
     params, where

@@ -149,9 +149,13 @@ class FlatHoles(_Record):
     __slots__ = ()
     TYPES_AT = 2
 
+    def fits(self, child: Any) -> bool:
+        """Whether `child` has the places of the held items."""
+        return type(child) is self[0] and len(child) > self[1][-1]
+
     def fill(self, child: Any) -> Any:
         cls, positions = self[0], self[1]
-        if type(child) is not cls or len(child) <= positions[-1]:
+        if not self.fits(child):
             return child  # an `is_leaf` tree_map changed it: no place for the items
         items = list(child)
         for i, leaf in zip(positions, _naturals(self[2], self[3:])):
@@ -166,6 +170,14 @@ class Holes(_Record):
 
     __slots__ = ()
     TYPES_AT = 2
+
+    def fits(self, child: Any) -> bool:
+        """Whether `child` is shaped as the value, down to its leaves' places."""
+        try:
+            self[0].flatten_up_to(child)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     def fill(self, child: Any) -> Any:
         treedef, positions = self[0], self[1]

@@ -60,7 +60,7 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     carriers an `is_leaf` tree_map gave back become their layers, and if a leaf of
     the children is still not an array, the instance is a template."""
     leaves = jtu.tree_leaves(children, is_leaf=stops)
-    lost = holes_lost(aux[0].parts, children)
+    lost = holes_lost(aux[0].parts, children) or _holes_misfit(aux, children)
     if any(category(x) == CARRIER for x in leaves):
         for name, part in zip(aux[0].names, aux[0].parts):
             if part != ENTRY and name in attrs:
@@ -83,6 +83,22 @@ def holes_lost(parts: tuple[int, ...], children: Any) -> bool:
         p == BOTH and (c is None or is_fieldless_namedtuple(c))
         for p, c in zip(with_child, children)
     )
+
+
+def _holes_misfit(aux: Aux, children: Any) -> bool:
+    """Whether a mixed field's child is not shaped as its holes say (optax's
+    `MaskedNode()` where a container item was): a tree mapped from one that held a
+    leaf there, which no split of a value gives."""
+    parts = aux[0].parts
+    if BOTH not in parts:
+        return False
+    child_of, entry_of = iter(children), iter(aux[1:])
+    for part in parts:
+        child = next(child_of) if part != ENTRY else None
+        entry = next(entry_of) if part != CHILD else None
+        if part == BOTH and not entry.fits(child):
+            return True
+    return False
 
 
 # Templates, by id: each with a weak reference to it, and the aux and children it
