@@ -95,7 +95,7 @@ def _holes_misfit(aux: Aux, children: Any) -> bool:
     child_of, entry_of = iter(children), iter(aux[1:])
     for part in parts:
         child = next(child_of) if part != ENTRY else None
-        entry = next(entry_of) if part != CHILD else None
+        entry: Any = next(entry_of) if part != CHILD else None
         if part == BOTH and not entry.fits(child):
             return True
     return False
