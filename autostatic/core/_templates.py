@@ -15,7 +15,7 @@ child, and an array half (`_exposed.array_half`) one holding Equinox's attribute
 
 import operator
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import equinox as eqx
@@ -60,7 +60,7 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     carriers an `is_leaf` tree_map gave back become their layers, and if a leaf of
     the children is still not an array, the instance is a template."""
     leaves = jtu.tree_leaves(children, is_leaf=stops)
-    lost = holes_lost(aux[0].parts, children) or _holes_misfit(aux, children)
+    lost = _holes_misfit(aux, children)
     if any(category(x) == CARRIER for x in leaves):
         for name, part in zip(aux[0].names, aux[0].parts):
             if part != ENTRY and name in attrs:
@@ -86,19 +86,25 @@ def holes_lost(parts: tuple[int, ...], children: Any) -> bool:
 
 
 def _holes_misfit(aux: Aux, children: Any) -> bool:
-    """Whether a mixed field's child is not shaped as its holes say (optax's
-    `MaskedNode()` where a container item was): a tree mapped from one that held a
-    leaf there, which no split of a value gives."""
-    parts = aux[0].parts
-    if BOTH not in parts:
+    """Whether a mixed field's child is not shaped as its holes say (`None`, optax's
+    `MaskedNode()` for the whole field or where a container item was): a tree mapped
+    from one that held a leaf there, which no split of a value gives."""
+    if BOTH not in aux[0].parts:
         return False
+    return any(
+        part == BOTH and not entry.fits(child)
+        for _, part, child, entry in _node_fields(aux, children)
+    )
+
+
+def _node_fields(aux: Aux, children: Any) -> Iterator[tuple[str, int, Any, Any]]:
+    """Each field of a node, `(name, part, child, entry)`: its child and its entry
+    (`None` for a part without one), as the plan orders them."""
     child_of, entry_of = iter(children), iter(aux[1:])
-    for part in parts:
+    for name, part in zip(aux[0].names, aux[0].parts):
         child = next(child_of) if part != ENTRY else None
-        entry: Any = next(entry_of) if part != CHILD else None
-        if part == BOTH and not entry.fits(child):
-            return True
-    return False
+        entry = next(entry_of) if part != CHILD else None
+        yield name, part, child, entry
 
 
 # Templates, by id: each with a weak reference to it, and the aux and children it
@@ -199,10 +205,8 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
         return
     aux, children = record
     before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
-    kept, child_of, entry_of = [], iter(children), iter(aux[1:])
-    for name, part in zip(aux[0].names, aux[0].parts):
-        child = next(child_of) if part != ENTRY else None
-        entry = next(entry_of) if part != CHILD else None
+    kept = []
+    for name, part, child, entry in _node_fields(aux, children):
         value = after.get(name, child)
         if name in after and not _same_leaves(before.get(name), value):
             if part == ENTRY:  # a label where the model has no array: nothing
