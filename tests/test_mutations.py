@@ -97,3 +97,28 @@ def test_a_config_module_without_arrays_beside_a_static_leaf_sees_its_change():
     assert float(run(net, jnp.ones(()))) == 10.0
     again = jax.tree_util.tree_unflatten(*reversed(jax.tree_util.tree_flatten(net)))
     assert again.parts[0].cfg["scale"] == 10.0
+
+
+def _array_paths(tree: Any) -> list[str]:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [jax.tree_util.keystr(p) for p, x in flat if eqx.is_array(x)]
+
+
+def test_a_list_changed_after_tree_at_gave_its_model_its_first_array_is_seen():
+    # A tree without leaves may be a tree of labels mapped from a model; the
+    # modules `eqx.tree_at` leaves unchanged in it are still read from their values.
+    model = ATop((2, 3), ASub([1, ()], 0))
+    twin = ETop((2, 3), ESub([1, ()], 0))
+    new = jnp.ones(2)
+    model = eqx.tree_at(lambda t: t.a[1], model, new)
+    twin = eqx.tree_at(lambda t: t.a[1], twin, new)
+    for tree, sub in ((model, ASub), (twin, ESub)):
+        tree.b.params[1] = sub(jnp.zeros(2), 1)
+    assert _array_paths(model) == _array_paths(twin) == [".a[1]", ".b.params[1].params"]
+    same(model, twin)
+
+
+def test_a_function_put_over_a_submodule_of_a_model_without_arrays_is_static():
+    model = eqx.tree_at(lambda t: t.b, ATop(1, ASub(2, 3)), jax.nn.relu)
+    assert jax.tree_util.tree_leaves(model) == []
+    assert float(jax.jit(lambda m, x: m.b(x))(model, -jnp.ones(()))) == 0.0

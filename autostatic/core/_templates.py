@@ -205,10 +205,11 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
         return
     aux, children = record
     before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
-    kept = []
+    kept, changed = [], False
     for name, part, child, entry in _node_fields(aux, children):
         value = after.get(name, child)
         if name in after and not _same_leaves(before.get(name), value):
+            changed = True
             if part == ENTRY:  # a label where the model has no array: nothing
                 if mapped:  # a model holding no array, maybe: decided afresh
                     return
@@ -216,15 +217,17 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
             child, clash = (
                 (value, False) if part == CHILD else _without_holes(entry, value)
             )
-            if mapped and (clash or not _labels_only(child)):
+            if mapped and (clash or not labels_only(child)):
                 return
         if part != ENTRY:
             kept.append(child)
-    remember_template(new, aux, tuple(kept))
+    if changed:  # else `new` is `old` unflattened from its flatten: its node already
+        remember_template(new, aux, tuple(kept))
 
 
-def _labels_only(child: Any) -> bool:
-    return all(map(_is_label, jtu.tree_leaves(child, is_leaf=stops)))
+def labels_only(tree: Any) -> bool:
+    """Whether every leaf of `tree` is a label (`_is_label`)."""
+    return all(map(_is_label, jtu.tree_leaves(tree, is_leaf=stops)))
 
 
 def _is_label(x: Any) -> bool:

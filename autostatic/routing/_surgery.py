@@ -27,6 +27,7 @@ from ..core._exposed import (
     on_exposed,
 )
 from ..core._leaves import all_real, is_model
+from ..core._templates import labels_only
 
 _sentinel: Any = object()
 
@@ -99,6 +100,10 @@ def routed_tree_at(
         except Exception as exposed_err:
             raise exposed_err from err
     leaves = jtu.tree_leaves(pytree)
+    if not (leaves or labels_only(made)):
+        # A function or a layer put in a tree without leaves: a model holding no
+        # array, not a tree of labels mapped from one.
+        return tree_at(where, pytree, replace, replace_fn, is_leaf)
     if not is_model(leaves):
         keep_layer_structures(pytree, out, labelled=bool(leaves))
         return out
