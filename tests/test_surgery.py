@@ -976,3 +976,59 @@ def test_an_operation_on_the_exposed_form_orders_dicts_as_equinox_does():
     ours, twin = (cls({"x": [], "w": jnp.ones(2)}, 3) for cls in (_Pair, _EqxPair))
     assert list(eqx.nn.inference_mode(ours).a) == list(eqx.nn.inference_mode(twin).a)
     assert list(eqx.nn.inference_mode(ours).a) == ["w", "x"]
+
+
+class _Beside(asx.AutoModule):
+    params: Any  # arrays and a name: a mixed field
+    other: Any  # a sub-module or a layer beside it
+
+
+class _EqxBeside(eqx.Module):
+    params: Any
+    other: Any
+
+
+def _beside(cls, other):
+    model = cls([jnp.ones((3, 2)), "s"], other)
+    return model if cls is _Beside else eqx.filter(model, eqx.is_array)
+
+
+@pytest.mark.parametrize("other", ["module", "layer"])
+@pytest.mark.parametrize(
+    "fill, label", [(None, 0), (False, True)], ids=["in Nones", "in bools"]
+)
+def test_a_label_over_a_mixed_field_beside_a_node_keeps_the_tree_a_prefix(
+    other, fill, label
+):
+    """A label put over a whole mixed field, beside a sub-module or an `eqx.nn`
+    layer that `eqx.tree_at` rebuilt unchanged: the tree has the twin's leaves, the
+    node beside keeps its own, and it still prefixes the model."""
+    results = []
+    for cls, sub in ((_Beside, _Inner), (_EqxBeside, _EqxInner)):
+        node = eqx.nn.Linear(2, 2, key=KEY)
+        model = _beside(cls, sub(node) if other == "module" else node)
+        tree = jax.tree_util.tree_map(lambda _: fill, model)
+        tree = eqx.tree_at(lambda t: t.params, tree, label, is_leaf=lambda x: x is None)
+        jax.tree_util.tree_map(lambda *_: 0, tree, model, is_leaf=lambda x: x is None)
+        found = jax.tree_util.tree_leaves_with_path(tree)
+        results.append([(jax.tree_util.keystr(p), x) for p, x in found])
+        if fill is None:
+            total = jax.vmap(lambda m: m.params[0].sum(), in_axes=(tree,))(model)
+        else:
+            total = eqx.partition(model, tree)[0].params[0].sum()
+        results.append(total.tolist())
+    assert results[:2] == results[2:]
+
+
+def test_a_label_put_over_a_sub_module_of_a_model_holding_no_array_is_static():
+    """A tree without leaves or `None`s is no tree mapped from a model's arrays: a
+    model holding no array, whose list appended to after `eqx.tree_at` is seen."""
+    seen, models = [], []
+    for cls, sub in ((_Outer, _Inner), (_EqxOuter, _EqxInner)):
+        model = eqx.tree_at(lambda m: m.inner, cls(sub("relu"), {}, ["in"]), 5)
+        model.layers.append(jnp.ones(2))
+        flat = jax.tree_util.tree_flatten_with_path(model)[0]
+        seen.append([jax.tree_util.keystr(p) for p, x in flat if eqx.is_array(x)])
+        models.append(model)
+    assert seen[0] == seen[1] == [".layers[1]"]
+    assert jax.jit(lambda m: (m.inner, len(m.layers)))(models[0]) == (5, 2)

@@ -178,16 +178,19 @@ def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
 
 def keep_module_structures(tree: Any, out: Any) -> None:
     """In a tree of labels mapped from a model (a vmap `in_axes`, a sharding or
-    filter spec: templates, or a tree without leaves), each AutoModule that `tree_at`
+    filter spec: templates, or a tree of `None`s), each AutoModule that `tree_at`
     made anew in `out` from the exposed form keeps the node of the one at its place
-    in `tree`, with the new values as children (`_templates.keep_shape`). A tree
-    holding arrays, `ShapeDtypeStruct`s or floats is a model (a template too where
-    it holds a number for an array, or made by `eqx.filter_eval_shape`): decided
-    from its values."""
+    in `tree`, with the new values as children (`_templates.keep_shape`), and so
+    does each layer (`keep_layer_structures`). A tree holding arrays,
+    `ShapeDtypeStruct`s or floats is a model (a template too where it holds a
+    number for an array, or made by `eqx.filter_eval_shape`), and so is one without
+    leaves or `None`s: decided from its values."""
     leaves = jtu.tree_leaves(tree)
     if any(is_array(x) or category(x) == SHAPE or type(x) is float for x in leaves):
         return
     mapped = not leaves  # `None`s: an `in_axes` being made
+    if mapped and not holds_none(tree):  # a model holding no array
+        return
     if not (templates or mapped):  # no template lives: nothing mapped from a model
         return
     with layers_as_nodes():
@@ -196,6 +199,17 @@ def keep_module_structures(tree: Any, out: Any) -> None:
         old = before.get(path)
         if old is not None and new is not old and type(new) is type(old):
             keep_shape(old, new, mapped)
+    keep_layer_structures(tree, out, labelled=not mapped)
+
+
+def holds_none(tree: Any) -> bool:
+    """Whether `tree` holds a `None`: a tree without leaves that does not may be a
+    model holding no array, but is no tree mapped to `None`s from a model's leaves."""
+    return any(x is None for x in jtu.tree_leaves(tree, is_leaf=_is_none))
+
+
+def _is_none(x: Any) -> bool:
+    return x is None
 
 
 def _nodes_by_path(tree: Any, kind: int) -> dict[Any, Any]:

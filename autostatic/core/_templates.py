@@ -177,14 +177,16 @@ def take_structure(layer: Any, aux: Aux) -> None:
 
 
 def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:
-    """Whether each field of layer `new` that does not hold `old`'s value is one that
-    `old`'s node, of aux `aux`, has as a child."""
+    """Whether some field of layer `new` does not hold `old`'s value, and each such
+    field is one that `old`'s node, of aux `aux`, has as a child."""
     before, after = (object.__getattribute__(x, "__dict__") for x in (old, new))
     plan = aux[0]
-    return all(
-        part == CHILD or before.get(name) is after.get(name)
+    changed = [
+        part
         for name, part in zip(plan.names, plan.parts)
-    )
+        if before.get(name) is not after.get(name)
+    ]
+    return bool(changed) and all(part == CHILD for part in changed)
 
 
 def keep_shape(old: Any, new: Any, mapped: bool) -> None:
@@ -269,8 +271,10 @@ def _equal(static: Any, x: Any) -> bool:
 
 
 def _same_leaves(a: Any, b: Any) -> bool:
-    leaves_a, treedef_a = jtu.tree_flatten(a, is_leaf=stops)
-    leaves_b, treedef_b = jtu.tree_flatten(b, is_leaf=stops)
+    """Whether `a` and `b` have one structure and the very same leaves: a node
+    inside that `tree_at` rebuilt without changing it is the same."""
+    leaves_a, treedef_a = jtu.tree_flatten(a)
+    leaves_b, treedef_b = jtu.tree_flatten(b)
     return treedef_a == treedef_b and all(map(operator.is_, leaves_a, leaves_b))
 
 

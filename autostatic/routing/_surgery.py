@@ -22,6 +22,7 @@ from .._compat import original_inference_mode, original_tree_at
 from ..core._carriers import layers_as_carriers, layers_as_nodes
 from ..core._exposed import (
     holds_modules,
+    holds_none,
     keep_layer_structures,
     keep_module_structures,
     on_exposed,
@@ -100,9 +101,9 @@ def routed_tree_at(
         except Exception as exposed_err:
             raise exposed_err from err
     leaves = jtu.tree_leaves(pytree)
-    if not (leaves or labels_only(made)):
-        # A function or a layer put in a tree without leaves: a model holding no
-        # array, not a tree of labels mapped from one.
+    if not (leaves or (labels_only(made) and holds_none(pytree))):
+        # A tree without leaves or `None`s, or a function or a layer put in one: a
+        # model holding no array, not a tree of labels mapped from one.
         return tree_at(where, pytree, replace, replace_fn, is_leaf)
     if not is_model(leaves):
         keep_layer_structures(pytree, out, labelled=bool(leaves))
