@@ -302,6 +302,9 @@ def _field_value(name):
         "layer": lambda: eqx.nn.Linear(2, 2, use_bias=False, key=key),
         "layers": lambda: (eqx.nn.Linear(2, 2, key=key), eqx.nn.Identity()),
         "numbers": lambda: [jnp.ones(2), 3, 0.5, "tag"],
+        "records": lambda: [(jnp.ones(2), jax.nn.relu, 1), (jnp.ones(2), _halve, 2)],
+        "names": lambda: [(1, "a"), (2, "b")],
+        "ragged": lambda: [(jnp.ones(2), "a"), (jnp.ones(2),)],
     }[name]()
 
 
@@ -324,6 +327,9 @@ _VALUE_NAMES = st.sampled_from(
         "mixed",
         "layer",
         "layers",
+        "records",
+        "names",
+        "ragged",
     ]
 )
 
@@ -334,7 +340,9 @@ _VALUE_NAMES = st.sampled_from(
         st.tuples(
             _VALUE_NAMES,
             st.sampled_from(["int", "array", "none"]),
-            st.sampled_from(["int", "float", "array", "none", "ints", "numbers"]),
+            st.sampled_from(
+                ["int", "float", "array", "none", "ints", "numbers", "records"]
+            ),
         ),
         min_size=1,
         max_size=10,

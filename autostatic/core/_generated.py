@@ -37,6 +37,7 @@ from ._ways import (
     ITEMS,
     KEEP,
     LAYERS,
+    ROWS,
     SEQUENCE,
     TAKE,
     TREE,
@@ -109,12 +110,14 @@ def specialise(function: Callable[..., Any], fast: Callable[..., Any]) -> None:
 
 # The child expression of each way with a child, the entry expression of each way
 # with an entry, and the check beyond the value's type, by way (`v` the value, `t`
-# its type, `s` the types of its items).
+# its type, `s` the types of its items, `r` a record split's child and entry, `a`
+# whether the field is annotated to hold arrays).
 _CHILDREN: Final = {
     TAKE: "{v}",
     TREE: "{v}",
     CARRY: "carried[{t}]({v})",
     LAYERS: "stack_of({v}, {s})",
+    ROWS: "{r}[0]",
 }
 # The ways of the fields of a layer class whose carriers `stack` makes: children
 # taken as they are and static values, no layer inside.
@@ -126,11 +129,13 @@ _ENTRIES: Final = {
     HOLD_FLOAT: "({v} if {v} == {v} and {v} != 0 else hold({v}))",
     HOLD: "hold({v})",
     SEQUENCE: "sequence(({t}, {s}, *{v}))",
+    ROWS: "{r}[1]",
 }
 _CHECKS: Final = {
     TREE: "as_is.issuperset(leaf_types({v}))",
     SEQUENCE: "raw.issuperset({s} := tuple(map(type, {v}))) and {s}",
     LAYERS: "{v} and carried.keys() >= ({s} := set(map(type, {v})))",
+    ROWS: "({r} := records({v}, {a})) is not None",
 }
 
 
@@ -333,7 +338,7 @@ def _fields_code(
         for i, way in enumerate(ways)
     ]
     for i, way in enumerate(ways):
-        n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}"}
+        n = {"v": f"v{i}", "t": f"t{i}", "s": f"s{i}", "r": f"r{i}", "a": f"a{i}"}
         if way == ITEMS:
             child, entry = _items_code(i, items[i], types[i], layers_as_nodes)
             children.append(child)

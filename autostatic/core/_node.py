@@ -54,7 +54,7 @@ from ._plan import (
     UNSET,
     values_while_built,
 )
-from ._split import FlatHoles, RAW, split, static_value, StaticSeq
+from ._split import FlatHoles, RAW, records, split, static_value, StaticSeq
 from ._static import hold
 from ._templates import (
     flatten_template,
@@ -74,6 +74,7 @@ from ._ways import (
     KEEP,
     LAYERS,
     PART_OF,
+    ROWS,
     SEQUENCE,
     SPLIT,
     TAKE,
@@ -104,13 +105,13 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     before calls for other types. Called while fewer than `_MOST_GENERATED` are."""
     plan = aux[0]
     signature = spec.signatures.get(types)
-    if not spec.names or signature is None or signature.tried:
+    if not spec.names or signature is None or signature.tried == _TRIES:
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return
     if in_surgery():  # the layers are nodes: their carrier makers may not exist yet
         return
-    signature.tried = True  # once: the ways follow from the types, mostly
+    signature.tried += 1
     found = _generated_ways(spec, signature, values)
     if found is None:
         return
@@ -155,6 +156,8 @@ def _generated_scope(spec: FieldSpec, plan: Plan) -> dict[str, Any]:
         "carried": _carried,
         "stack_of": stack_of,
         "flat_holes": FlatHoles,
+        "records": records,
+        **{f"a{i}": array for i, array in enumerate(spec.array_fields)},
         "surgeries": surgeries,
         "in_surgery": in_surgery,
     }
@@ -165,6 +168,9 @@ def _generated_scope(spec: FieldSpec, plan: Plan) -> dict[str, Any]:
 # of dicts in one model and a dict of dicts in another) takes generated code for
 # each of the first few.
 _MOST_GENERATED: Final = 4
+# Flattens generated per tuple of field types: the ways follow from the types, but a
+# list's contents may take another (a list of dicts, then one of records).
+_TRIES: Final = 2
 
 
 def _chain(spec: FieldSpec, fast: Callable[..., Any]) -> None:
@@ -206,6 +212,8 @@ def _generated_ways(
         elif way == SPLIT and sequence and (taken := _item_ways(value, array_field)):
             ways.append(ITEMS)
             items[i] = taken
+        elif way == SPLIT and sequence and records(value, array_field) is not None:
+            ways.append(ROWS)
         else:
             return None
     return tuple(ways), items

@@ -218,7 +218,7 @@ class Signature:
         partial: bool = False,
     ):
         self.ways, self.plan, self.partial = ways, plan, partial
-        self.tried = False  # whether code was generated, or could not be, for it
+        self.tried = 0  # how often code was generated, or could not be, for it
         self.by_value = False  # the plan depends on the values, not just their types
         # Where a field is split: the plan of each tuple of parts met (the entry
         # types follow from the value types and the parts).

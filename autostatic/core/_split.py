@@ -325,6 +325,18 @@ def _flat_item(x: Any) -> bool:
 _ROWS: Final = frozenset({tuple})
 
 
+def records(value: Any, array_field: bool) -> tuple[Any, Any] | None:
+    """The child and entry of a list or tuple `value` of records that `split` gives
+    both parts by column (`_split_rows`); None for any other value."""
+    rows = tuple(value)
+    if not rows or set(map(type, rows)) != _ROWS:
+        return None
+    found = _split_rows(value, rows, array_field)
+    if found is None or found[0] != BOTH:
+        return None
+    return found[1], found[2]
+
+
 def _split_rows(
     value: Any, rows: tuple[tuple[Any, ...], ...], array_field: bool
 ) -> Split | None:

@@ -28,7 +28,9 @@ instances hold (each checked there; any other value takes the rule's way):
   child, as it is;
 - `LAYERS`: `SPLIT` of a list or tuple of `eqx.nn` layers: the child, of carriers;
 - `ITEMS`: `SPLIT` of a list or tuple whose items are taken `TAKE`, `CARRY` or
-  `KEEP` by place: both parts.
+  `KEEP` by place: both parts;
+- `ROWS`: `SPLIT` of a list or tuple of records, tuples of one length split by
+  column (`_split.records`): both parts.
 """
 
 from typing import Any, Final
@@ -66,6 +68,7 @@ SEQUENCE: Final = "sequence"
 TREE: Final = "tree"
 LAYERS: Final = "layers"
 ITEMS: Final = "items"
+ROWS: Final = "rows"
 
 # The part each way gives, but `SPLIT`'s, which its value decides.
 PART_OF: Final = {
@@ -79,6 +82,7 @@ PART_OF: Final = {
     HOLD_FLOAT: ENTRY,
     SEQUENCE: ENTRY,
     ITEMS: BOTH,
+    ROWS: BOTH,
 }
 
 
