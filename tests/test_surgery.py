@@ -1032,3 +1032,74 @@ def test_a_label_put_over_a_sub_module_of_a_model_holding_no_array_is_static():
         models.append(model)
     assert seen[0] == seen[1] == [".layers[1]"]
     assert jax.jit(lambda m: (m.inner, len(m.layers)))(models[0]) == (5, 2)
+
+
+class _Mixed(asx.AutoModule):
+    mix: list  # a tuple of an array and a name inside: split by its leaves
+    sub: Any
+
+
+class _EqxMixed(eqx.Module):
+    mix: list
+    sub: Any
+
+
+def _mixed(cls, sub):
+    model = cls([jnp.zeros(3), "s", (jnp.ones(3), "t")], sub(jnp.ones(3)))
+    return model if cls is _Mixed else eqx.filter(model, eqx.is_array)
+
+
+class _W(asx.AutoModule):
+    w: jax.Array
+
+
+class _EqxW(eqx.Module):
+    w: jax.Array
+
+
+@pytest.mark.parametrize(
+    "where, label",
+    [
+        (lambda t: t.mix[2], 0),
+        (lambda t: (t.mix, t.sub.w), (0, 0)),
+        (lambda t: (t.mix[2], t.sub), (0, 0)),
+    ],
+    ids=[
+        "a container item",
+        "a mixed field and a leaf inside a module",
+        "and a module",
+    ],
+)
+def test_an_in_axes_tree_made_by_tree_at_prefixes_the_model_mapped_again(where, label):
+    """Labels put by one `eqx.tree_at` in a tree of `None`s, also over a container
+    item of a mixed field and inside a sub-module: the tree has the twin's leaves
+    and prefixes the model, also mapped to `None`s again (as `jax.jit` maps
+    shardings to layouts)."""
+    results = []
+    for cls, sub in ((_Mixed, _W), (_EqxMixed, _EqxW)):
+        model = _mixed(cls, sub)
+        axes = jax.tree_util.tree_map(lambda _: None, model)
+        axes = eqx.tree_at(where, axes, label, is_leaf=lambda x: x is None)
+        found = jax.tree_util.tree_leaves_with_path(axes)
+        results.append([(jax.tree_util.keystr(p), x) for p, x in found])
+        for prefix in (axes, jax.tree_util.tree_map(lambda _: None, axes)):
+            out = jax.vmap(lambda m: m.mix[0], in_axes=(prefix,), axis_size=3)(model)
+            results.append(out.shape)
+    assert results[:3] == results[3:]
+
+
+def test_replace_fn_over_a_block_of_a_spec_reaches_its_layers():
+    """Equinox's recipe for training one block: `replace_fn` mapping the block's
+    part of a filter spec to `True`, its `eqx.nn` layers included."""
+    trained = []
+    for cls, inner in ((_Beside, _Inner), (_EqxBeside, _EqxInner)):
+        model = _beside(cls, inner(eqx.nn.Linear(2, 2, key=KEY)))
+        spec = jax.tree_util.tree_map(lambda _: False, model)
+        spec = eqx.tree_at(
+            lambda t: t.other,
+            spec,
+            replace_fn=lambda s: jax.tree_util.tree_map(lambda _: True, s),
+        )
+        flat = jax.tree_util.tree_flatten_with_path(eqx.filter(model, spec))[0]
+        trained.append([jax.tree_util.keystr(p) for p, x in flat if eqx.is_array(x)])
+    assert trained[0] == trained[1] == [".other.linear.weight", ".other.linear.bias"]

@@ -110,6 +110,37 @@ def test_a_template_copied_before_any_flatten_flattens_as_the_model(cls, make, c
     assert len(jax.tree_util.tree_leaves(again)) == 2
 
 
+class Layers(asx.AutoModule):
+    first: eqx.nn.Linear
+    rest: list
+
+    def __init__(self, key: jax.Array):
+        self.first = eqx.nn.Linear(2, 3, key=key)
+        self.rest = [eqx.nn.Linear(3, 3, key=key), eqx.nn.Linear(3, 1, key=key)]
+
+
+class LayersTwin(eqx.Module):
+    first: eqx.nn.Linear
+    rest: list
+
+    __init__ = Layers.__init__
+
+
+@pytest.mark.parametrize("copied", COPIES.values(), ids=COPIES.keys())
+@pytest.mark.parametrize("make", TEMPLATES.values(), ids=TEMPLATES.keys())
+@pytest.mark.parametrize("cls", [Layers, LayersTwin], ids=["AutoModule", "eqx.Module"])
+def test_a_copied_tree_of_layers_mapped_from_a_model_keeps_their_leaves(
+    cls, make, copied
+):
+    # Only its layers are templates: the module holding them decides from its values.
+    template = make(cls)
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    assert len(leaves) == 6
+    again = copied(template)
+    assert jax.tree_util.tree_structure(again) == treedef
+    assert jax.tree_util.tree_leaves(again) == leaves
+
+
 def test_a_copied_eval_shape_template_loads_a_checkpoint():
     model = Net(jax.random.key(1))
     file = io.BytesIO()

@@ -176,6 +176,17 @@ def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
                 take_structure(new, aux)
 
 
+def layers_by_markers(tree: Any) -> None:
+    """Makes each `eqx.nn` layer in `tree` that holds no array (one Equinox's
+    `tree_at` rebuilt from a tree of labels, to hand to a `replace_fn`) flatten by
+    its class's static markers, as Equinox's node of it (`_templates.take_markers`):
+    its labels are children, not static values."""
+    with layers_as_nodes():
+        layers = _nodes_by_path(tree, LAYER).values()
+    for layer in layers:
+        take_markers(layer)
+
+
 def keep_module_structures(tree: Any, out: Any) -> None:
     """In a tree of labels mapped from a model (a vmap `in_axes`, a sharding or
     filter spec: templates, or a tree of `None`s), each AutoModule that `tree_at`
@@ -193,13 +204,13 @@ def keep_module_structures(tree: Any, out: Any) -> None:
         return
     if not (templates or mapped):  # no template lives: nothing mapped from a model
         return
+    keep_layer_structures(tree, out, labelled=not mapped)
     with layers_as_nodes():
         before, after = _nodes_by_path(tree, NODE), _nodes_by_path(out, NODE)
-    for path, new in after.items():
+    for path, new in reversed(after.items()):  # inner modules first: kept or not
         old = before.get(path)
         if old is not None and new is not old and type(new) is type(old):
             keep_shape(old, new, mapped)
-    keep_layer_structures(tree, out, labelled=not mapped)
 
 
 def holds_none(tree: Any) -> bool:
@@ -214,8 +225,8 @@ def _is_none(x: Any) -> bool:
 
 def _nodes_by_path(tree: Any, kind: int) -> dict[Any, Any]:
     """Every `eqx.nn` layer (`kind` LAYER) or AutoModule (NODE) in `tree`, inside
-    any node too, by key path; in surgery mode, where each layer is a node of the
-    tree."""
+    any node too, by key path, each before those inside it; in surgery mode, where
+    each layer is a node of the tree."""
     found: dict[Any, Any] = {}
     pending = [((), [tree])]  # in a list: `tree` itself may be one
     while pending:

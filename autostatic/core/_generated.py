@@ -383,7 +383,7 @@ def unflatten(cls, aux, children):
     {unpack} = children
     self = new(cls)
     attrs = {dict_of_self}
-{stores}
+{count}{stores}
     if {holes}(not ({checks}) and not real_items(children)):
         settle(self, attrs, aux, children)
 {note}    return self
@@ -414,7 +414,8 @@ def fast_unflatten(
     model holds and a mixed field's child against `None` (`_templates.holes_lost`;
     a `MaskedNode()` there fails the type check, and `settle` looks again).
     `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
-    `noted` and `static_value`."""
+    `noted`, `static_value` and `misfits` (`_split`: fills that met a child not
+    shaped as their holes)."""
     child_parts = [p for p in plan.parts if p != ENTRY]
     children = [f"c{i}" for i, _ in enumerate(child_parts)]
     types = iter(plan.types)
@@ -437,9 +438,11 @@ def fast_unflatten(
         dict_of_self=_dict_of_self(owner),
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
+        count="    filled = misfits[0]\n" if BOTH in child_parts else "",
         holes="".join(
             f"{v} is None or " for v, p in zip(children, child_parts) if p == BOTH
-        ),
+        )
+        + ("misfits[0] != filled or " if BOTH in child_parts else ""),
         note=(
             "    if plan.last_aux_id != id(aux):\n        noted(cls, aux, children)\n"
             if plan.counted

@@ -54,7 +54,15 @@ from ._plan import (
     UNSET,
     values_while_built,
 )
-from ._split import FlatHoles, RAW, records, split, static_value, StaticSeq
+from ._split import (
+    FlatHoles,
+    misfits,
+    RAW,
+    records,
+    split,
+    static_value,
+    StaticSeq,
+)
 from ._static import hold
 from ._templates import (
     flatten_template,
@@ -397,6 +405,7 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
     plan = aux[0]
     obj = _object_new(cls)
     attrs = _object_getattribute(obj, "__dict__")
+    filled = misfits[0]
     if plan.order is not None:
         if type(children) is not tuple:
             children = tuple(children)
@@ -407,6 +416,7 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
         plan.exposed
         or not (real_types.issuperset(map(type, children)) or real_items(children))
         or holes_lost(plan.parts, children)
+        or misfits[0] != filled
     ):
         settle(obj, attrs, aux, children)
     elif not plan.partial and cls not in _fast_unflattens:
@@ -443,6 +453,7 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
         "real_items": real_items,
         "noted": _noted,
         "static_value": static_value,
+        "misfits": misfits,
     }
     specialise(registered, fast_unflatten(cls, plan, namespace))
 

@@ -156,11 +156,19 @@ class FlatHoles(_Record):
     def fill(self, child: Any) -> Any:
         cls, positions = self[0], self[1]
         if not self.fits(child):
+            misfits[0] += 1
             return child  # an `is_leaf` tree_map changed it: no place for the items
         items = list(child)
         for i, leaf in zip(positions, _naturals(self[2], self[3:])):
             items[i] = leaf
         return items if cls is list else tuple(items)
+
+
+# How many fills met a child not shaped as their holes (a tree mapped to `None`s from
+# one holding a label where a container item was): an unflatten whose fills changed
+# it looks again (`_templates.settle`), without checking each child twice. Only
+# ever increased: another thread's fill can only make it look once more.
+misfits: list[int] = [0]
 
 
 class Holes(_Record):
@@ -187,6 +195,7 @@ class Holes(_Record):
             # An `is_leaf` tree_map gave a node other static data (as
             # `eqx.nn.make_with_state` names each `StateIndex` anew) or put a leaf
             # for one: the static leaves go where the child still has their places.
+            misfits[0] += 1
             held = {i: natural(x) for i, x in zip(positions, self[3:])}
             return _fill_places(treedef, child, held, 0)
         for i, leaf in zip(positions, _naturals(self[2], self[3:])):

@@ -132,28 +132,34 @@ def remember_template(obj: Any, aux: Aux, children: tuple[Any, ...]) -> None:
 
 
 def template_state(obj: Any) -> Any:
-    """What makes `obj` a template, for a copy of it: its aux and children, and
-    those of the layers among its children that are templates too (a copy or a
-    pickle carries them beside the attribute values; `restore_template`). None
-    where `obj` is no template."""
+    """What makes `obj` or the layers it holds templates, for a copy of it: its aux
+    and children (None where it is no template), and those of the layers among its
+    children, or its attributes, that are templates (an `eqx.filter_eval_shape`
+    skeleton of layers; a copy or a pickle carries them beside the attribute values:
+    `restore_template`). None where neither is."""
     record = _record(obj)
     if record is None:
-        return None
-    layers, pending = [], [record[1]]
+        start = list(object.__getattribute__(obj, "__dict__").values())
+    else:
+        start = record[1]
+    layers, pending = [], [start]
     while pending:
         for x in jtu.tree_leaves(pending.pop(), is_leaf=stops):
             inner = _record(x) if category(x) == LAYER else None
             if inner is not None:
                 layers.append((x, *inner))
                 pending.append(inner[1])
+    if record is None and not layers:
+        return None
     return record, tuple(layers)
 
 
 def restore_template(obj: Any, state: Any) -> None:
-    """Makes `obj`, a copy of a template, and its copied layers the templates the
-    originals are (`state` from `template_state`, copied with them)."""
-    (aux, children), layers = state
-    remember_template(obj, aux, children)
+    """Makes `obj`, a copy, and its copied layers the templates the originals are
+    (`state` from `template_state`, copied with them)."""
+    record, layers = state
+    if record is not None:
+        remember_template(obj, *record)
     for layer, layer_aux, layer_children in layers:
         remember_template(layer, layer_aux, layer_children)
 
@@ -219,12 +225,19 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
             child, clash = (
                 (value, False) if part == CHILD else _without_holes(entry, value)
             )
-            if mapped and (clash or not labels_only(child)):
+            if mapped and (clash or not _labels_or_kept(child)):
                 return
         if part != ENTRY:
             kept.append(child)
     if changed:  # else `new` is `old` unflattened from its flatten: its node already
         remember_template(new, aux, tuple(kept))
+
+
+def _labels_or_kept(child: Any) -> bool:
+    """Whether every leaf of `child` is a label or a node kept so itself (a module
+    or layer inside, changed by the same `tree_at`)."""
+    leaves = jtu.tree_leaves(child, is_leaf=stops)
+    return all(_is_label(x) or _record(x) is not None for x in leaves)
 
 
 def labels_only(tree: Any) -> bool:

@@ -25,6 +25,7 @@ from ..core._exposed import (
     holds_none,
     keep_layer_structures,
     keep_module_structures,
+    layers_by_markers,
     on_exposed,
 )
 from ..core._leaves import all_real, is_model
@@ -83,9 +84,12 @@ def routed_tree_at(
     if not holds_modules(pytree):
         return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
     made: list[Any] = [] if replace is _sentinel else [replace]
+    leaves = jtu.tree_leaves(pytree)
     if replace_fn is not _sentinel:
 
         def noting_replace_fn(node: Any) -> Any:
+            if not is_model(leaves):  # its layers, rebuilt by Equinox, hold labels
+                layers_by_markers(node)
             with layers_as_carriers():  # as the user's function sees any model
                 made.append(replace_fn(node))
             return made[-1]
@@ -100,7 +104,6 @@ def routed_tree_at(
             return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    leaves = jtu.tree_leaves(pytree)
     if not (leaves or (labels_only(made) and holds_none(pytree))):
         # A tree without leaves or `None`s, or a function or a layer put in one: a
         # model holding no array, not a tree of labels mapped from one.
