@@ -8,9 +8,11 @@ from such leaves is what inox abandoned). Such an instance is a *template*: it
 flattens as the aux and children it was unflattened with. It is told apart when
 unflattened: a child's leaf that is no array. (A `None` is an empty child, as in an
 `eqx.Module`, so a model's arrays mapped to `None`s split as the arrays did, and that
-tree needs no template; but a `None` for a whole mixed field, which a split never
-gives, makes one: `holes_lost`.) The exposed form (`_exposed`) is a template whose plan makes every field a
-child, and an array half (`_exposed.array_half`) one holding Equinox's attributes.
+tree needs no template; but a mixed field's child that no split gives, `None` for the
+whole field (`holes_lost`) or where a container item was (a fill's misfit,
+`_split.misfits`), makes one.) The exposed form (`_exposed`) is a template whose plan
+makes every field a child, and an array half (`_exposed.array_half`) one holding
+Equinox's attributes.
 """
 
 import operator
