@@ -15,7 +15,7 @@ from hypothesis import given, HealthCheck, settings, strategies as st
 
 import autostatic as asx
 
-from .mutation_fuzz import ASub, ATop, Beside, ESub, ETop, run_example, same
+from .mutation_fuzz import ASub, ATop, Beside, ESub, ETop, Nothing, run_example, same
 
 
 @settings(
@@ -122,3 +122,15 @@ def test_a_function_put_over_a_submodule_of_a_model_without_arrays_is_static():
     model = eqx.tree_at(lambda t: t.b, ATop(1, ASub(2, 3)), jax.nn.relu)
     assert jax.tree_util.tree_leaves(model) == []
     assert float(jax.jit(lambda m, x: m.b(x))(model, -jnp.ones(()))) == 0.0
+
+
+def test_none_put_over_a_static_leaf_of_a_model_holding_no_array_stays():
+    # The model's only children are nodes without leaves (optax's `MaskedNode()`, an
+    # empty tuple): its tree has no leaves, as a tree of labels mapped to `None`s.
+    trees = []
+    for top in (ATop, ETop):
+        model = top(({"z": (), "w": (2, 3), "x": jax.nn.relu}, [Nothing()]), {})
+        model = eqx.tree_at(lambda t: t.a[0]["w"][1], model, None)
+        trees.append(jax.tree_util.tree_map(lambda x: x, model))
+    same(*trees)
+    assert trees[0].a[0]["w"] == (2, None)

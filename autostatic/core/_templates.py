@@ -273,7 +273,13 @@ def _without_holes(entry: Any, value: Any) -> tuple[Any, bool]:
         clashes.append(x)
         return x
 
-    return jtu.tree_map_with_path(child_leaf, value, is_leaf=stops), bool(clashes)
+    # A `None` is looked at too: put where a static leaf was, it is no hole.
+    found = jtu.tree_map_with_path(child_leaf, value, is_leaf=_stops_or_none)
+    return found, bool(clashes)
+
+
+def _stops_or_none(x: Any) -> bool:
+    return x is None or stops(x)
 
 
 def _equal(static: Any, x: Any) -> bool:
