@@ -1103,3 +1103,20 @@ def test_replace_fn_over_a_block_of_a_spec_reaches_its_layers():
         flat = jax.tree_util.tree_flatten_with_path(eqx.filter(model, spec))[0]
         trained.append([jax.tree_util.keystr(p) for p, x in flat if eqx.is_array(x)])
     assert trained[0] == trained[1] == [".other.linear.weight", ".other.linear.bias"]
+
+
+def test_replace_fn_runs_once_where_the_exposed_form_decides():
+    """A function put over a sub-module of a model holding no array is decided on
+    the exposed form after Equinox's `tree_at` ran: the user's function is called
+    once, as Equinox calls it."""
+    calls = []
+    for cls, sub in ((_Outer, _Inner), (_EqxOuter, _EqxInner)):
+        model = cls(sub("relu"), {}, ["in"])
+        eqx.tree_at(
+            lambda m: m.inner, model, replace_fn=lambda x: calls.append(x) or _halve
+        )
+    assert len(calls) == 2
+
+
+def _halve(x):
+    return x / 2

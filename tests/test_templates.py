@@ -113,15 +113,20 @@ def test_a_template_copied_before_any_flatten_flattens_as_the_model(cls, make, c
 class Layers(asx.AutoModule):
     first: eqx.nn.Linear
     rest: list
+    stack: eqx.nn.Sequential  # its layers are templates, not the Sequential
 
     def __init__(self, key: jax.Array):
         self.first = eqx.nn.Linear(2, 3, key=key)
         self.rest = [eqx.nn.Linear(3, 3, key=key), eqx.nn.Linear(3, 1, key=key)]
+        self.stack = eqx.nn.Sequential(
+            [eqx.nn.Linear(1, 2, key=key), eqx.nn.Linear(2, 1, key=key)]
+        )
 
 
 class LayersTwin(eqx.Module):
     first: eqx.nn.Linear
     rest: list
+    stack: eqx.nn.Sequential
 
     __init__ = Layers.__init__
 
@@ -135,7 +140,7 @@ def test_a_copied_tree_of_layers_mapped_from_a_model_keeps_their_leaves(
     # Only its layers are templates: the module holding them decides from its values.
     template = make(cls)
     leaves, treedef = jax.tree_util.tree_flatten(template)
-    assert len(leaves) == 6
+    assert len(leaves) == 10
     again = copied(template)
     assert jax.tree_util.tree_structure(again) == treedef
     assert jax.tree_util.tree_leaves(again) == leaves

@@ -156,11 +156,13 @@ def fast_flatten(
     `raw` (the item types of a sequence), `as_is` and `child_types` (both
     `_leaves.as_is_types`, named apart so that each check can be measured without
     the other), `sequence` (`_split.StaticSeq`), `hold` (`_static.hold`), `carried`
-    (what makes the carrier of a layer, by its class), `surgeries` and `in_surgery` (`_carriers`: in a surgery, layers are
-    children as they are). `items` gives, per field of way `ITEMS`, the way and
-    type of each item (`namespace` then also holds `flat_holes`). With `carrier`, it
-    returns the layer's carrier instead of its node (`namespace` then also holds
-    `new` and `carrier_class`)."""
+    (what makes the carrier of a layer, by its class), `surgeries` and `in_surgery`
+    (`_carriers`: in a surgery, layers are children as they are), `records`
+    (`_split`) and `a0`, `a1`, ... (whether each field is annotated to hold arrays).
+    `items` gives, per field of way `ITEMS`, the way and type of each item
+    (`namespace` then also holds `flat_holes`). With `carrier`, it returns the
+    layer's carrier instead of its node (`namespace` then also holds `new` and
+    `carrier_class`)."""
     children, entries, checks = _fields_code(types, ways, items or {})
     aux = f"(plan, {', '.join(entries)})" if entries else "aux"
     as_nodes = _fields_code(types, ways, items or {}, layers_as_nodes=True)[0]
@@ -384,7 +386,7 @@ def unflatten(cls, aux, children):
     self = new(cls)
     attrs = {dict_of_self}
 {count}{stores}
-    if {holes}(not ({checks}) and not real_items(children)):
+    if {misfit_checks}(not ({checks}) and not real_items(children)):
         settle(self, attrs, aux, children)
 {note}    return self
 '''
@@ -439,7 +441,7 @@ def fast_unflatten(
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
         count="    filled = misfits[0]\n" if BOTH in child_parts else "",
-        holes="".join(
+        misfit_checks="".join(
             f"{v} is None or " for v, p in zip(children, child_parts) if p == BOTH
         )
         + ("misfits[0] != filled or " if BOTH in child_parts else ""),

@@ -113,7 +113,7 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     before calls for other types. Called while fewer than `_MOST_GENERATED` are."""
     plan = aux[0]
     signature = spec.signatures.get(types)
-    if not spec.names or signature is None or signature.tried == _TRIES:
+    if not spec.names or signature is None or signature.tried >= _TRIES_PER_SIGNATURE:
         return
     if any(issubclass(t, Tracer) for t in types):  # met while tracing: not the model's
         return
@@ -178,7 +178,7 @@ def _generated_scope(spec: FieldSpec, plan: Plan) -> dict[str, Any]:
 _MOST_GENERATED: Final = 4
 # Flattens generated per tuple of field types: the ways follow from the types, but a
 # list's contents may take another (a list of dicts, then one of records).
-_TRIES: Final = 2
+_TRIES_PER_SIGNATURE: Final = 2
 
 
 def _chain(spec: FieldSpec, fast: Callable[..., Any]) -> None:

@@ -141,6 +141,14 @@ class StaticTree(_Record):
         return self[0].unflatten(_naturals(self[1], self[2:]))
 
 
+# How many fills met a child not shaped as their holes (a tree mapped to `None`s from
+# one holding a label where a container item was): an unflatten whose fills changed
+# it looks again (`_templates.settle`), without checking each child twice. Only
+# ever increased (atomically, under the GIL): another thread's fill can only make it
+# look once more.
+misfits: list[int] = [0]
+
+
 class FlatHoles(_Record):
     """The static items of a list or tuple split in both parts (a block's `[Linear, relu, Linear]`):
     `(list or tuple, positions, item types, *held items)`; the child holds `None` at
@@ -162,13 +170,6 @@ class FlatHoles(_Record):
         for i, leaf in zip(positions, _naturals(self[2], self[3:])):
             items[i] = leaf
         return items if cls is list else tuple(items)
-
-
-# How many fills met a child not shaped as their holes (a tree mapped to `None`s from
-# one holding a label where a container item was): an unflatten whose fills changed
-# it looks again (`_templates.settle`), without checking each child twice. Only
-# ever increased: another thread's fill can only make it look once more.
-misfits: list[int] = [0]
 
 
 class Holes(_Record):

@@ -147,8 +147,12 @@ def template_state(obj: Any) -> Any:
     layers, pending = [], [start]
     while pending:
         for x in jtu.tree_leaves(pending.pop(), is_leaf=stops):
-            inner = _record(x) if category(x) == LAYER else None
-            if inner is not None:
+            if category(x) != LAYER:
+                continue
+            inner = _record(x)
+            if inner is None:  # an `MLP` or `Sequential` holding template layers
+                pending.append(list(object.__getattribute__(x, "__dict__").values()))
+            else:
                 layers.append((x, *inner))
                 pending.append(inner[1])
     if record is None and not layers:
@@ -236,8 +240,8 @@ def keep_shape(old: Any, new: Any, mapped: bool) -> None:
 
 
 def _labels_or_kept(child: Any) -> bool:
-    """Whether every leaf of `child` is a label or a node kept so itself (a module
-    or layer inside, changed by the same `tree_at`)."""
+    """Whether every leaf of `child` is a label or a node that is a template (a
+    module or layer inside it kept so by the same `tree_at`, or mapped from one)."""
     leaves = jtu.tree_leaves(child, is_leaf=stops)
     return all(_is_label(x) or _record(x) is not None for x in leaves)
 

@@ -85,10 +85,14 @@ def routed_tree_at(
         return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
     made: list[Any] = [] if replace is _sentinel else [replace]
     leaves = jtu.tree_leaves(pytree)
+    if not (leaves or holds_none(pytree)):
+        # A tree without leaves or `None`s: a model holding no array, not a tree of
+        # labels mapped from one.
+        return tree_at(where, pytree, replace, replace_fn, is_leaf)
     if replace_fn is not _sentinel:
 
         def noting_replace_fn(node: Any) -> Any:
-            if not is_model(leaves):  # its layers, rebuilt by Equinox, hold labels
+            if not is_model(leaves):  # a tree of labels: Equinox rebuilt its layers
                 layers_by_markers(node)
             with layers_as_carriers():  # as the user's function sees any model
                 made.append(replace_fn(node))
@@ -104,17 +108,25 @@ def routed_tree_at(
             return tree_at(where, pytree, replace, replace_fn, is_leaf)
         except Exception as exposed_err:
             raise exposed_err from err
-    if not (leaves or (labels_only(made) and holds_none(pytree))):
-        # A tree without leaves or `None`s, or a function or a layer put in one: a
-        # model holding no array, not a tree of labels mapped from one.
-        return tree_at(where, pytree, replace, replace_fn, is_leaf)
+    # The user's function is not called again: what it made is handed out anew,
+    # in the order the same targets are met.
+    again = replace_fn if replace_fn is _sentinel else _replayed(made)
+    if not (leaves or labels_only(made)):
+        # A function or a layer put in a tree without leaves: a model holding no
+        # array, not a tree of labels mapped from one.
+        return tree_at(where, pytree, replace, again, is_leaf)
     if not is_model(leaves):
         keep_layer_structures(pytree, out, labelled=bool(leaves))
         return out
     if all(map(all_real, made)):
         return out
     # A non-array where a model holds arrays: decided afresh on the exposed form.
-    return tree_at(where, pytree, replace, replace_fn, is_leaf)
+    return tree_at(where, pytree, replace, again, is_leaf)
+
+
+def _replayed(made: list[Any]) -> Callable[[Any], Any]:
+    values = iter(made)
+    return lambda _: next(values)
 
 
 def inference_mode(pytree: Any, value: bool = True) -> Any:
