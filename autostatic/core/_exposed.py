@@ -15,6 +15,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from .._compat import flatten_none_leaves
 from ._carriers import carrier_aux, get_layer, layer_of, layers_as_nodes
 from ._fields import fields_of
 from ._leaves import (
@@ -216,11 +217,8 @@ def keep_module_structures(tree: Any, out: Any) -> None:
 def holds_none(tree: Any) -> bool:
     """Whether `tree` holds a `None`: a tree without leaves that does not may be a
     model holding no array, but is no tree mapped to `None`s from a model's leaves."""
-    return any(x is None for x in jtu.tree_leaves(tree, is_leaf=_is_none))
-
-
-def _is_none(x: Any) -> bool:
-    return x is None
+    leaves, _ = flatten_none_leaves(tree, False)
+    return any(x is None for x in leaves)
 
 
 def _nodes_by_path(tree: Any, kind: int) -> dict[Any, Any]:

@@ -413,9 +413,8 @@ def fast_unflatten(
     in its attribute dict in field order (a child as it is, a static entry of a type
     that is its own value as it is, any other through `static_value`, a mixed field
     by its entry's `fill`), the types of the children checked against those a real
-    model holds and a mixed field's child against `None` (`_templates.holes_lost`;
-    a `MaskedNode()` there fails the type check, and `settle` looks again).
-    `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
+    model holds, and any fill that met a child not shaped as its holes (`None`,
+    a `MaskedNode()`) counted: then `settle` looks again. `namespace` holds `general`, `new`, `settle`, `real`, `real_items`,
     `noted`, `static_value` and `misfits` (`_split`: fills that met a child not
     shaped as their holes)."""
     child_parts = [p for p in plan.parts if p != ENTRY]
@@ -441,10 +440,7 @@ def fast_unflatten(
         stores="\n".join(stores),
         checks=" and ".join(f"type({v}) in real" for v in children) or "True",
         count="    filled = misfits[0]\n" if BOTH in child_parts else "",
-        misfit_checks="".join(
-            f"{v} is None or " for v, p in zip(children, child_parts) if p == BOTH
-        )
-        + ("misfits[0] != filled or " if BOTH in child_parts else ""),
+        misfit_checks="misfits[0] != filled or " if BOTH in child_parts else "",
         note=(
             "    if plan.last_aux_id != id(aux):\n        noted(cls, aux, children)\n"
             if plan.counted

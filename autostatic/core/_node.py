@@ -66,7 +66,6 @@ from ._split import (
 from ._static import hold
 from ._templates import (
     flatten_template,
-    holes_lost,
     real_items,
     settle,
     templates,
@@ -415,7 +414,6 @@ def unflatten(cls: type, aux: Aux, children: Any) -> Any:
     if (
         plan.exposed
         or not (real_types.issuperset(map(type, children)) or real_items(children))
-        or holes_lost(plan.parts, children)
         or misfits[0] != filled
     ):
         settle(obj, attrs, aux, children)

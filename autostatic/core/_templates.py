@@ -8,9 +8,9 @@ from such leaves is what inox abandoned). Such an instance is a *template*: it
 flattens as the aux and children it was unflattened with. It is told apart when
 unflattened: a child's leaf that is no array. (A `None` is an empty child, as in an
 `eqx.Module`, so a model's arrays mapped to `None`s split as the arrays did, and that
-tree needs no template; but a mixed field's child that no split gives, `None` for the
-whole field (`holes_lost`) or where a container item was (a fill's misfit,
-`_split.misfits`), makes one.) The exposed form (`_exposed`) is a template whose plan
+tree needs no template; but a mixed field's child that no split gives, `None` or
+optax's `MaskedNode()` for the whole field or where a container item was, makes one:
+its fill counts the misfit, `_split.misfits`.) The exposed form (`_exposed`) is a template whose plan
 makes every field a child, and an array half (`_exposed.array_half`) one holding
 Equinox's attributes.
 """
@@ -31,7 +31,6 @@ from ._leaves import (
     category,
     CONTAINER,
     is_array,
-    is_fieldless_namedtuple,
     LAYER,
     leaf_types,
     NODES,
@@ -71,20 +70,6 @@ def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
         remember_template(obj, aux, children)
         if is_traced():
             note_held_numbers(type(obj), aux[0], children)
-
-
-def holes_lost(parts: tuple[int, ...], children: Any) -> bool:
-    """Whether the child of a field split in both parts is a node without leaves
-    (`None`, optax's `MaskedNode()`): unflattened from a tree that held one leaf
-    there (a prefix, as `tree_at` makes an `in_axes` or a mask) mapped to such
-    nodes, whose split from its values would not give that node back."""
-    if BOTH not in parts:
-        return False
-    with_child = [part for part in parts if part != ENTRY]
-    return any(
-        p == BOTH and (c is None or is_fieldless_namedtuple(c))
-        for p, c in zip(with_child, children)
-    )
 
 
 def _holes_misfit(aux: Aux, children: Any) -> bool:
