@@ -146,6 +146,10 @@ _MODULE_SETATTR_NAMES: Final = frozenset(
 )
 
 
+# What a `SharedNode` would need to tell two apart: none is defined.
+_STATE_NAMES: Final = {"__init__", "__new__", "__slots__", "__eq__", "__hash__"}
+
+
 def _check_equinox() -> None:
     version = _version_tuple(eqx.__version__)
     lower, upper = SUPPORTED_EQUINOX
@@ -195,6 +199,9 @@ def _check_equinox() -> None:
     )
     if set(getattr(setattr_code, "co_names", ())) != _MODULE_SETATTR_NAMES:
         problems.append("Module.__setattr__ no longer does what assign_in_init does")
+    shared_node = getattr(_eqx_shared, "SharedNode", None)
+    if not isinstance(shared_node, type) or _STATE_NAMES & vars(shared_node).keys():
+        problems.append("equinox.nn._shared.SharedNode is no longer a bare placeholder")
     problems += _routed_name_problems()
     if problems:
         raise ImportError(
@@ -213,6 +220,8 @@ _check_equinox()
 # `_check_equinox` has verified each of these private names above.
 ModuleMeta = _eqx_module._ModuleMeta
 currently_initialising = _eqx_module._currently_initialising
+# What `eqx.nn.Shared` puts where a tied node was: a fresh object each time, stateless.
+SharedNode: Final = _eqx_shared.SharedNode
 
 
 # The true `_has_dataclass_init` of the classes whose entry `skip_argument_walk` set

@@ -442,6 +442,56 @@ def test_shared_ties_nodes_as_in_eqx_module(init, call, x):
     assert counter.count == 1
 
 
+def _tied_weight(pair):
+    return pair[1].weight
+
+
+def _tying_weight(pair):
+    return pair[0].weight
+
+
+def _tied_at_module_level(self):  # `where` and `get` made once, as two models share
+    embedding = eqx.nn.Embedding(10, 4, key=jax.random.key(0))
+    linear = eqx.nn.Linear(4, 10, key=jax.random.key(1))
+    self.shared = eqx.nn.Shared((embedding, linear), _tied_weight, _tying_weight)
+
+
+def test_shared_models_built_alike_share_a_structure_as_in_eqx_module():
+    # Each `eqx.nn.Shared` puts a new `SharedNode()` (equal only to itself) where a
+    # tied node was; in an `eqx.Module` it is a leaf that `eqx.filter` makes `None`,
+    # so an optimiser state made from one model updates another built alike, and two
+    # models' arrays can be averaged.
+    import optax
+
+    class Tied(asx.AutoModule):
+        shared: eqx.nn.Shared
+        __init__ = _tied_at_module_level
+
+    class EqxTied(eqx.Module):
+        shared: eqx.nn.Shared
+        __init__ = _tied_at_module_level
+
+    def soup_and_step(cls):
+        a, b = cls(), cls()
+        arrays = eqx.filter(a, eqx.is_array)
+        mean = jax.tree_util.tree_map(
+            lambda x, y: (x + y) / 2, arrays, eqx.filter(b, eqx.is_array)
+        )
+        optimiser = optax.adam(0.1)
+        state = optimiser.init(eqx.filter(cls(), eqx.is_array))
+        updates, _ = optimiser.update(mean, state, arrays)
+        return eqx.apply_updates(a, updates)
+
+    ours, theirs = soup_and_step(Tied), soup_and_step(EqxTied)
+    assert jax.tree_util.tree_structure(Tied()) == jax.tree_util.tree_structure(Tied())
+    assert array_keystrs(ours) == array_keystrs(theirs)
+    for x, y in zip(
+        jax.tree_util.tree_leaves(eqx.filter(ours, eqx.is_array)),
+        jax.tree_util.tree_leaves(eqx.filter(theirs, eqx.is_array)),
+    ):
+        np.testing.assert_array_equal(x, y)
+
+
 def test_layers_as_nodes_is_the_surgery_thread_s_alone():
     # While one thread runs `eqx.tree_at` (its flattens give the layers as nodes, so
     # that `where` finds them), another thread's flattens give the carriers.

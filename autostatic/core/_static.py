@@ -3,7 +3,8 @@
 A static leaf goes into the aux as it is (`hold`), unless `==` alone would not compare
 it as the jit cache must: a float or complex zero or NaN is held bit for bit
 (`ExactFloat`), a jaxpr as a program (`SameProgram`), a dtype as the dtype it names
-(`SameDtype`), a `functools.partial` as the call it makes (`SamePartial`), a leaf
+(`SameDtype`), a `functools.partial` as the call it makes (`SamePartial`),
+`eqx.nn.Shared`'s placeholder as one shared instance (`SHARED_NODE`), a leaf
 whose `==` runs in Python behind a comparison that explains a failure (`Compared`), a
 set as a frozen copy (`SetValue`). `natural` gives the value back.
 """
@@ -24,6 +25,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 from jax.extend.linear_util import WrappedFun
+
+from .._compat import SharedNode
 
 # The types of the `types` module (a function's, a builtin's, ...), which pickle
 # cannot name: the aux data pickles them by name.
@@ -383,7 +386,8 @@ def _contents(cell: Any) -> Any:
 
 def _exact_form(leaf: Any) -> Any:
     """The leaf as held where `==` alone would not compare it exactly: a float or
-    complex zero or NaN as an `ExactFloat`, a jaxpr as a `SameProgram`; else itself."""
+    complex zero or NaN as an `ExactFloat`, a jaxpr as a `SameProgram`, a
+    `SharedNode` as `SHARED_NODE`; else itself."""
     kind = type(leaf)
     if kind is float and leaf == 0:  # a dropout rate of 0.0, in every layer
         return _POSITIVE_ZERO if math.copysign(1.0, leaf) > 0 else _NEGATIVE_ZERO
@@ -391,6 +395,8 @@ def _exact_form(leaf: Any) -> Any:
         return ExactFloat(leaf)
     if kind is Jaxpr:
         return SameProgram(leaf)
+    if kind is SharedNode:
+        return SHARED_NODE
     return leaf
 
 
@@ -405,7 +411,7 @@ def _compares_in_python(value: Any) -> bool:
 
 def hold(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, an exact form
-    (`ExactFloat`, `SameProgram`), a `SameDtype`, a `SamePartial`, a frozen copy of a
+    (`ExactFloat`, `SameProgram`, `SHARED_NODE`), a `SameDtype`, a `SamePartial`, a frozen copy of a
     set, or a `Compared` for a leaf compared in Python."""
     if type(leaf) is set or type(leaf) is frozenset:
         return SetValue(leaf, type(leaf))
@@ -448,8 +454,12 @@ def _holds_as_itself(kind: type) -> bool:
 # The leaf types `hold` may wrap, by the value: floats and complex numbers (zeros,
 # NaNs), sets, programs, partials, classes (a numpy scalar type is a dtype).
 _HELD_BY_VALUE: Final = frozenset(
-    {float, complex, set, frozenset, Jaxpr, functools.partial, type}
+    {float, complex, set, frozenset, Jaxpr, functools.partial, type, SharedNode}
 )
+# `eqx.nn.Shared` puts a new `SharedNode()`, equal only to itself, where each tied
+# node was: held as this one, so that two models built alike have equal treedefs (an
+# `eqx.Module` holds it as a leaf, which `eqx.filter` makes `None`).
+SHARED_NODE: Final = SharedNode()
 # Per type met, whether `hold` gives its values as they are; bounded as the leaf
 # categories are.
 _held_as_itself: dict[type, bool] = {}
