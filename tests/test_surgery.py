@@ -1120,3 +1120,69 @@ def test_replace_fn_runs_once_where_the_exposed_form_decides():
 
 def _halve(x):
     return x / 2
+
+
+class _TwoLinears(asx.AutoModule):
+    first: eqx.nn.Linear
+    last: eqx.nn.Linear
+    activation: Any = jax.nn.relu
+
+    def __init__(self):
+        self.first = eqx.nn.Linear(4, 8, key=jax.random.key(1))
+        self.last = eqx.nn.Linear(8, 8, key=jax.random.key(2))
+
+
+class _EqxTwoLinears(eqx.Module):
+    first: eqx.nn.Linear
+    last: eqx.nn.Linear
+    activation: Any = eqx.field(static=True, default=jax.nn.relu)
+
+    __init__ = _TwoLinears.__init__
+
+
+def _weight_only(layer, on, off):  # mapped from the layer the callback is given
+    return eqx.tree_at(
+        lambda t: t.weight, jax.tree_util.tree_map(lambda _: off, layer), on
+    )
+
+
+def _each_array(layer, on, off):  # every array of the layer the callback is given
+    return eqx.tree_at(lambda t: (t.weight, t.bias), layer, (on, off))
+
+
+@pytest.mark.parametrize("per_layer", [_weight_only, _each_array])
+def test_a_tree_of_labels_made_per_held_layer_keeps_the_model_s_structure(per_layer):
+    """A spec or sharding tree made per layer, in an `is_leaf` callback stopping at
+    each `eqx.nn` layer, by `eqx.tree_at` over the layer it is given: its labels
+    are leaves where the layer's arrays are, as in the twin's."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = jax.make_mesh((len(jax.devices()),), ("d",))
+    split, whole = (
+        NamedSharding(mesh, PartitionSpec("d")),
+        NamedSharding(mesh, PartitionSpec()),
+    )
+    is_linear = lambda x: isinstance(x, eqx.nn.Linear)
+    found = []
+    for model in (_TwoLinears(), _EqxTwoLinears()):
+        spec = jax.tree_util.tree_map(
+            lambda x: per_layer(x, True, False) if is_linear(x) else False,
+            model,
+            is_leaf=is_linear,
+        )
+        trained = keystrs(eqx.filter(model, spec))
+        shardings = jax.tree_util.tree_map(
+            lambda x: per_layer(x, split, whole) if is_linear(x) else whole,
+            model,
+            is_leaf=is_linear,
+        )
+        placed = jax.device_put(model, shardings)
+        found.append(
+            (
+                keystrs(spec),
+                trained,
+                [x.sharding.spec for x in jax.tree_util.tree_leaves(placed)],
+            )
+        )
+    assert found[0] == found[1]
+    assert found[0][1] == [".first.weight", ".last.weight"]

@@ -177,6 +177,26 @@ def keep_layer_structures(tree: Any, out: Any, labelled: bool) -> None:
                 take_structure(new, aux)
 
 
+def keep_carrier_structure(carrier: Any, out: Any) -> bool:
+    """Makes `out`, the layer `eqx.tree_at` made from `carrier` (in an `is_leaf`
+    callback) with labels put at its arrays, a template of the carrier's node
+    (`_templates.take_structure`), as a subtree mapped from the carrier is: a tree
+    of labels per layer (shardings, a filter spec) keeps the model's structure.
+    False where `out` still holds an array."""
+    return take_structure(out, carrier_aux(carrier))
+
+
+def holds_template_layers(tree: Any) -> bool:
+    """Whether `tree` holds an `eqx.nn` layer that is a template: a subtree of labels
+    mapped from a held layer's carrier (`jax.tree.map(f, carrier)` in an `is_leaf`
+    callback), in the model's structure."""
+    if not templates:
+        return False
+    with layers_as_nodes():
+        layers = _nodes_by_path(tree, LAYER).values()
+    return any(template_aux(layer) is not None for layer in layers)
+
+
 def layers_by_markers(tree: Any) -> None:
     """Makes each `eqx.nn` layer in `tree` that holds no array (one Equinox's
     `tree_at` rebuilt from a tree of labels, to hand to a `replace_fn`) flatten by

@@ -162,15 +162,16 @@ def _record(obj: Any) -> tuple[Aux, tuple[Any, ...]] | None:
     return template[1], template[2]
 
 
-def take_structure(layer: Any, aux: Aux) -> None:
+def take_structure(layer: Any, aux: Aux) -> bool:
     """Makes `layer`, put in a tree mapped from a model in place of a layer whose
     node's aux is `aux` (a subtree mapped from a standalone `eqx.nn` layer, whose
     function fields Equinox makes leaves), a template of that structure: its values
     where `aux` has children, the static values `aux` holds (the model's) elsewhere.
-    Left as it is where it holds an array, or `aux` has a mixed field."""
+    Left as it is where it holds an array, or `aux` has a mixed field: False."""
     if BOTH in aux[0].parts or _holds_array(layer):
-        return
+        return False
     _remember_as(layer, aux)
+    return True
 
 
 def changed_children_only(old: Any, new: Any, aux: Aux) -> bool:

@@ -23,12 +23,14 @@ from ..core._carriers import layers_as_carriers, layers_as_nodes
 from ..core._exposed import (
     holds_modules,
     holds_none,
+    holds_template_layers,
+    keep_carrier_structure,
     keep_layer_structures,
     keep_module_structures,
     layers_by_markers,
     on_exposed,
 )
-from ..core._leaves import all_real, is_model
+from ..core._leaves import all_real, CARRIER, category, is_model
 from ..core._templates import labels_only
 
 _sentinel: Any = object()
@@ -82,7 +84,10 @@ def routed_tree_at(
     where an array was)."""
     kwargs = _replacements(replace, replace_fn)
     if not holds_modules(pytree):
-        return original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
+        out = original_tree_at(where, pytree, is_leaf=is_leaf, **kwargs)
+        if holds_template_layers(pytree):  # labels mapped from a held layer
+            keep_layer_structures(pytree, out, labelled=True)
+        return out
     made: list[Any] = [] if replace is _sentinel else [replace]
     leaves = jtu.tree_leaves(pytree)
     if not (leaves or holds_none(pytree)):
@@ -120,6 +125,9 @@ def routed_tree_at(
         return out
     if all(map(all_real, made)):
         return out
+    carrier = category(pytree) == CARRIER
+    if carrier and labels_only(made) and keep_carrier_structure(pytree, out):
+        return out  # labels at every array of a carrier, in an `is_leaf` callback
     # A non-array where a model holds arrays: decided afresh on the exposed form.
     return tree_at(where, pytree, replace, again, is_leaf)
 
