@@ -77,8 +77,9 @@ def routed_tree_at(
     replace_fn: Callable[[Any], Any] = _sentinel,
     is_leaf: Callable[[Any], bool] | None = None,
 ) -> Any:
-    """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules.
-    Then Equinox's own still, with every `eqx.nn` layer a node of the pytree as it is
+    """`eqx.tree_at` as routed: Equinox's own, unless the tree holds AutoModules
+    (a subtree of labels mapped from a held layer keeps that layer's node). Then
+    Equinox's own still, with every `eqx.nn` layer a node of the pytree as it is
     (so a layer `where` points at is found), unless a target is static; then
     `tree_at`, as for a model given a replacement that is not all arrays (a float
     where an array was)."""
