@@ -12,6 +12,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from jaxtyping import ArrayLike, Int
 
 import autostatic as asx
 
@@ -247,3 +248,60 @@ def test_a_template_of_static_functions_in_containers_copies(cls, make, copied):
     again = copied(template)
     assert jax.tree_util.tree_structure(again) == treedef
     assert jax.tree_util.tree_leaves(again) == leaves
+
+
+class Counted(asx.AutoModule):
+    w: jax.Array
+    history: list
+    tags: list
+    num_steps: Int[ArrayLike, ""] = 0  # loop state: a leaf, as in an `eqx.Module`
+
+
+class CountedTwin(eqx.Module):
+    w: jax.Array
+    history: list
+    tags: list
+    num_steps: Int[ArrayLike, ""] = 0
+
+
+def _grad_step(model: Any) -> Any:
+    grads = eqx.filter_grad(lambda m: jnp.sum(m.w**2))(model)
+    return eqx.apply_updates(model, grads)
+
+
+@pytest.mark.parametrize(
+    "mapped",
+    [_grad_step, lambda m: jax.tree.map(lambda x: x, m)],
+    ids=["apply_updates", "identity map"],
+)
+def test_a_model_holding_a_number_as_loop_state_stays_a_model_when_mapped(mapped):
+    """A Python number in a field annotated to hold arrays is a leaf, as in an
+    `eqx.Module`: a tree mapped from the model that keeps it, and its arrays, is a
+    model still, whose containers changed in place are seen by `jax.jit` as by eager
+    code (a template's would be the ones it was unflattened with)."""
+
+    def run(cls: type, jit: Callable[..., Any]) -> tuple[Any, ...]:
+        model = mapped(cls(jnp.ones(2), [], [1, jnp.ones(2)]))
+        model.history.append("step-1")
+        model.tags[0] = 7
+        eager = model.tags[0] * model.w + len(model.history)
+        jitted = jit(lambda m: m.tags[0] * m.w + len(m.history))(model)
+        flat = jax.tree_util.tree_flatten_with_path(model)[0]
+        paths = [jax.tree_util.keystr(p) for p, _ in flat]
+        return eager.tolist(), jitted.tolist(), paths
+
+    ours, expected = run(Counted, jax.jit), run(CountedTwin, eqx.filter_jit)
+    assert ours[0] == ours[1] == expected[0] == expected[1]
+    # The twin's strings and ints are leaves too; its arrays' paths are ours.
+    assert ours[2] == [p for p in expected[2] if p not in (".history[0]", ".tags[0]")]
+
+
+def test_a_spec_of_a_model_holding_a_number_as_loop_state_filters_it():
+    # Labels everywhere, no array: a tree of labels mapped from the model, a prefix.
+    found = []
+    for cls in (Counted, CountedTwin):
+        model = cls(jnp.ones(2), ["a"], [1, jnp.ones(2)])
+        spec = jax.tree.map(lambda x: not isinstance(x, int), model)
+        kept = jax.tree_util.tree_flatten_with_path(eqx.filter(model, spec))[0]
+        found.append([jax.tree_util.keystr(p) for p, x in kept if eqx.is_array(x)])
+    assert found[0] == found[1] == [".w", ".tags[1]"]

@@ -18,7 +18,7 @@ Equinox's attributes.
 import operator
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -26,6 +26,7 @@ import jax.tree_util as jtu
 from ._carriers import layer_of
 from ._fields import fields_of
 from ._leaves import (
+    ARRAY,
     BUILTIN_NODES,
     CARRIER,
     category,
@@ -33,9 +34,12 @@ from ._leaves import (
     is_array,
     LAYER,
     leaf_types,
+    NDARRAY,
     NODES,
+    NUMBER,
     REAL,
     real_types,
+    SHAPE,
     stops,
 )
 from ._plan import Aux, entry_types, plan_for
@@ -59,17 +63,51 @@ def real_items(children: Any) -> bool:
 def settle(obj: Any, attrs: dict[str, Any], aux: Aux, children: Any) -> None:
     """For an instance whose children are not all of types a real model holds:
     carriers an `is_leaf` tree_map gave back become their layers, and if a leaf of
-    the children is still not an array, the instance is a template."""
+    the children is still not one a model holds there, the instance is a template.
+    While tracing, the numbers in its fields annotated to hold arrays (held static
+    by the caller) are counted."""
     leaves = jtu.tree_leaves(children, is_leaf=stops)
     lost = _holes_misfit(aux, children)
     if any(category(x) == CARRIER for x in leaves):
         for name, part in zip(aux[0].names, aux[0].parts):
             if part != ENTRY and name in attrs:
                 attrs[name] = jtu.tree_map(layer_of, attrs[name], is_leaf=stops)
-    if aux[0].exposed or lost or not all(category(x) in REAL for x in leaves):
+    if aux[0].exposed or lost or not _a_model_s(type(obj), aux, children, leaves):
         remember_template(obj, aux, children)
-        if is_traced():
-            note_held_numbers(type(obj), aux[0], children)
+    if is_traced():
+        note_held_numbers(type(obj), aux[0], children)
+
+
+def _a_model_s(cls: type, aux: Aux, children: Any, leaves: list[Any]) -> bool:
+    """Whether `children` (of `leaves`) are what a model's flatten gives: every leaf
+    one a real model holds, or a Python number or `ShapeDtypeStruct` in a field
+    annotated to hold arrays (loop state: `num_steps = 0`, a leaf there), where the
+    node also holds an array or a module that is no template (a tree mapped from a
+    model, as `eqx.apply_updates` maps one, not a tree of labels)."""
+    kinds = set(map(category, leaves))
+    if kinds <= REAL:
+        return True
+    if not kinds <= _IN_ARRAY_FIELDS or not any(map(_shows_a_model, leaves)):
+        return False
+    array_field = dict(zip(fields_of(cls).names, fields_of(cls).array_fields))
+    return all(
+        array_field[name] or _all_of_kinds(child, REAL)
+        for name, part, child, _ in _node_fields(aux, children)
+        if part != ENTRY
+    )
+
+
+# What a field annotated to hold arrays holds as leaves in a model.
+_IN_ARRAY_FIELDS: Final = REAL | {NUMBER, SHAPE}
+
+
+def _shows_a_model(x: Any) -> bool:
+    kind = category(x)
+    return kind in (ARRAY, NDARRAY) or (kind in NODES and _record(x) is None)
+
+
+def _all_of_kinds(tree: Any, kinds: frozenset[int]) -> bool:
+    return all(category(x) in kinds for x in jtu.tree_leaves(tree, is_leaf=stops))
 
 
 def _holes_misfit(aux: Aux, children: Any) -> bool:
