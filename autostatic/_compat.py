@@ -35,6 +35,7 @@ import equinox.internal._closure_to_pytree as _eqx_closure_to_pytree
 import equinox.nn as _eqx_nn
 import equinox.nn._inference as _eqx_inference
 import equinox.nn._shared as _eqx_shared
+import jax
 import jax.tree_util as jtu
 from jax.extend.core import find_top_trace
 
@@ -460,6 +461,17 @@ except ImportError:  # pragma: no cover - another JAX version
     trace_state = _PublicTraceState()
 if type(trace_state.value) is not type(find_top_trace(())):  # pragma: no cover
     trace_state = _PublicTraceState()
+
+
+def _staging_trace() -> type:
+    found: list[type] = []
+    jax.make_jaxpr(lambda: found.append(type(trace_state.value)))()
+    return found[0]
+
+
+# The trace `jax.jit` traces a function's program in (JAX's `DynamicJaxprTrace`),
+# found through the public `jax.make_jaxpr`.
+STAGING_TRACE: Final = _staging_trace()
 
 
 # Stops a flatten at every `eqx.Module` (and a carrier, whose `__class__` is its

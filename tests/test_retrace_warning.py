@@ -81,6 +81,35 @@ def test_tree_maps_outside_a_trace_are_not_counted():
             jax.tree.map(lambda x: x + 1, Net(jnp.ones(2), lr, jax.nn.relu))
 
 
+def test_eager_transforms_which_compile_nothing_are_not_counted():
+    # An eager `jax.grad` or `jax.vmap` traces at each call whatever the value:
+    # storing it as an array would save no trace.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for lr in (0.1, 0.2, 0.3, 0.4):
+            model = Net(jnp.ones(2), lr, jax.nn.relu)
+            jax.grad(lambda m: m(1.0).sum())(model)
+            jax.vmap(lambda m, x: m(x), in_axes=(None, 0))(model, jnp.ones(3))
+
+
+class Sized(asx.AutoModule):
+    w: jax.Array
+    hidden: int
+
+    def __init__(self, hidden: int):
+        self.w = jnp.zeros(hidden)  # a size: the arrays' shapes change with it
+        self.hidden = hidden
+
+
+def test_a_sweep_of_sizes_is_not_counted():
+    # Each size retraces for its arrays' shapes; a traced `hidden` could not make
+    # them (`jnp.zeros(hidden)` needs a concrete size), so no warning advises it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for hidden in range(1, 6):
+            jax.jit(lambda m: jnp.zeros(m.hidden) + m.w)(Sized(hidden))
+
+
 def test_the_default_waits_for_eight_values():
     asx.warn_on_retrace()
     f = jax.jit(lambda m, x: m(x))

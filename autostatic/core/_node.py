@@ -429,7 +429,7 @@ def _noted(cls: type, aux: Aux, children: Any) -> None:
     tracing, `_retrace` looks into it."""
     if _retrace.is_traced():
         aux[0].last_aux_id = id(aux)
-        _retrace.note_new_aux(cls, aux)
+        _retrace.note_new_aux(cls, aux, children)
 
 
 # The classes whose registered unflatten is generated for a plan (`_generated`).

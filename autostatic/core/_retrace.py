@@ -7,19 +7,24 @@ Equinox's `filter_jit` too, and a suite of tests each passing its own function w
 reach any count: functions are not counted.)
 
 JAX unflattens a jitted function's arguments from tracers when, and only when, it
-traces: so an AutoModule's unflatten sees every trace. It compares its aux data with the last one of the same
-plan (by identity), which is all a step that reuses its program pays;
-only a new aux is looked into, only its numbers, and only while tracing
-does it count the values of each static field. After `after` traces that each brought
-a new value of one field (8 by default) it warns once, naming `Class.field`, the values
-and the fix. The blocks of one model that differ in a static number are one trace.
+traces: so an AutoModule's unflatten sees every trace. It compares its aux data with
+the last one of the same plan (by identity), which is all a step that reuses its
+program pays; only a new aux is looked into, only its numbers, and only while staging
+a program (`jax.jit`, not an eager `jax.grad` or `jax.vmap`, which compile nothing)
+does it count the values of each static field, where the node's arrays have the
+shapes and dtypes they had the last time (a sweep of model sizes retraces for its
+shapes, whatever the number). After `after` traces that each brought a new value of
+one field (8 by default) it warns once, naming `Class.field`, the values and the fix.
+The blocks of one model that differ in a static number are one trace.
 """
 
 import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-from .._compat import trace_state
+import jax.tree_util as jtu
+
+from .._compat import STAGING_TRACE, trace_state
 from ._carriers import is_carried_class
 from ._checks import warn_once
 from ._fields import fields_of
@@ -47,13 +52,14 @@ _generation = 0  # a new one per `warn_on_retrace`: each field may warn again
 class _Seen:
     """The static values one field has been traced with."""
 
-    __slots__ = ("keys", "shown", "traces", "last_trace")
+    __slots__ = ("keys", "shown", "traces", "last_trace", "last_shapes")
 
     def __init__(self) -> None:
         self.keys: set[Any] = set()  # `static_key` of each value
         self.shown: list[Any] = []  # the first `_KEPT` values
-        self.traces = 0  # how many traces brought a new value
+        self.traces = 0  # how many traces brought a new value to arrays shaped alike
         self.last_trace: weakref.ref[Any] | None = None
+        self.last_shapes: tuple[Any, ...] | None = None  # of that trace's arrays
 
 
 # Per class (held weakly: the counts never keep a class alive), per field, what it
@@ -78,11 +84,19 @@ def warn_on_retrace(after: int | None = DEFAULT_AFTER) -> None:
     _seen.clear()
 
 
-def note_new_aux(cls: type, aux: Any) -> None:
+def note_new_aux(cls: type, aux: Any, children: Any) -> None:
     """Called while tracing by an unflatten whose aux holds static numbers and is
     not the last one its plan met: counts the values."""
-    if _after is not None:
-        _note(cls, aux, trace_state.value)
+    if _after is not None and type(trace_state.value) is STAGING_TRACE:
+        _note(cls, aux, trace_state.value, _shapes(children))
+
+
+def _shapes(children: Any) -> tuple[Any, ...]:
+    """The shapes and dtypes of a node's arrays (tracers, while tracing)."""
+    return tuple(
+        (getattr(x, "shape", None), getattr(x, "dtype", None))
+        for x in jtu.tree_leaves(children)
+    )
 
 
 # The type of the trace JAX runs under when nothing is being traced.
@@ -94,7 +108,7 @@ def is_traced() -> bool:
     return type(trace_state.value) is not _NOT_TRACING
 
 
-def _note(cls: type, aux: Any, trace: Any) -> None:
+def _note(cls: type, aux: Any, trace: Any, shapes: tuple[Any, ...]) -> None:
     plan = aux[0]
     declared = dict(zip(plan.names, fields_of(cls).declared_static))
     with_entries = [p for p in plan.parts if p != CHILD]  # in the entries' order
@@ -103,7 +117,7 @@ def _note(cls: type, aux: Any, trace: Any) -> None:
             continue
         value = static_value(entry)
         if type(value) in COUNTED_NUMBERS:
-            _count(cls, name, value, trace, _message)
+            _count(cls, name, value, trace, shapes, _message)
 
 
 def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
@@ -112,20 +126,26 @@ def note_held_numbers(cls: type, plan: Any, children: Any) -> None:
     `eqx.filter_jit` holds every non-array leaf, where `jax.jit` would trace it. Its
     values are counted as a static field's. (The exposed form, every field a child,
     holds numbers that are static in the model: not counted here.)"""
-    if _after is None or plan.exposed:
+    if _after is None or plan.exposed or type(trace_state.value) is not STAGING_TRACE:
         return
+    shapes = _shapes(children)
     array_fields = dict(zip(plan.names, fields_of(cls).array_fields))
     names = (name for name, part in zip(plan.names, plan.parts) if part != ENTRY)
     for name, child in zip(names, children):
         if type(child) in COUNTED_NUMBERS and array_fields[name]:
-            _count(cls, name, child, trace_state.value, _held_message)
+            _count(cls, name, child, trace_state.value, shapes, _held_message)
 
 
 def _count(
-    cls: type, name: str, value: Any, trace: Any, message: Callable[..., str]
+    cls: type,
+    name: str,
+    value: Any,
+    trace: Any,
+    shapes: tuple[Any, ...],
+    message: Callable[..., str],
 ) -> None:
-    """Counts `value` of `cls.name` in `trace`; warns when `after` traces have each
-    brought a new one."""
+    """Counts `value` of `cls.name` in `trace`, whose node's arrays are of `shapes`;
+    warns when `after` traces have each brought a new one to arrays shaped alike."""
     fields = _seen.get(cls)
     if fields is None:
         fields = _seen.setdefault(cls, {})
@@ -143,7 +163,9 @@ def _count(
         seen.shown.append(value)
     if seen.last_trace is None or seen.last_trace() is not trace:
         seen.last_trace = weakref.ref(trace)
-        seen.traces += 1
+        if seen.last_shapes in (None, shapes):
+            seen.traces += 1
+        seen.last_shapes = shapes
     if seen.traces >= _after:
         warn_once(
             ("retrace", str(_generation), cls.__qualname__, str(id(cls)), name),
