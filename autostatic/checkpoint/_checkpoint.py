@@ -222,9 +222,10 @@ def _number_difference(tensor: Tensor | None, key: str, leaf: Any) -> list[str]:
     if tensor.shape == () and jnp.issubdtype(tensor.dtype, NUMBER_KINDS[kind]):
         return []
     found = describe(tensor.dtype, tensor.shape)
+    article = "an" if kind.__name__[0] in "aeiou" else "a"
     return [
-        f"not a {kind.__name__}: {show(key)} (template: the Python {kind.__name__} "
-        f"{leaf!r}, file: {found})"
+        f"not {article} {kind.__name__}: {show(key)} (template: the Python "
+        f"{kind.__name__} {leaf!r}, file: {found})"
     ]
 
 
@@ -261,10 +262,9 @@ def _check_match(
         return
     # Past MAX_LISTED unexpected tensors the header is only counted, not read.
     uncounted = header.unwanted_count - len(header.unwanted) if strict else 0
-    hint = (
-        "Build the template with the hyperparameters of the saved model. "
-        "Pass strict=False to ignore tensors the template does not have."
-    )
+    hint = "Build the template with the hyperparameters of the saved model."
+    if unexpected or uncounted:
+        hint += " Pass strict=False to ignore tensors the template does not have."
     raise CheckpointError(format_problems(name, problems, hint, uncounted))
 
 
