@@ -349,10 +349,15 @@ def test_a_class_pickled_by_value_keeps_working_in_its_process():
         w: jax.Array
         sizes: list
 
+        def scaled(self, x: jax.Array) -> jax.Array:
+            return self.w * x * self.sizes[1]
+
     model = Held(jnp.ones(2), [1, 2])
     treedef = jax.tree_util.tree_structure(model)
     loaded = cloudpickle.loads(cloudpickle.dumps(model))
     assert type(loaded) is Held and loaded.sizes == [1, 2]
+    assert cloudpickle.loads(cloudpickle.dumps(model.scaled))(3.0).tolist() == [6, 6]
+    assert loaded.scaled(1.0).tolist() == [2.0, 2.0]
     assert jax.tree_util.tree_map(lambda x: x + 1, model).sizes == [1, 2]
     new = Held(jnp.ones(2), [1, 2])
     assert jax.tree_util.tree_structure(new) == treedef

@@ -193,6 +193,11 @@ class MethodDescriptor:
             self.bound[key] = method
         return method
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A class pickled by value (cloudpickle) carries its descriptors; the
+        # bound methods remembered weakly are no part of one.
+        return (MethodDescriptor, (self.func, self.name))
+
     def __repr__(self) -> str:
         return f"<method descriptor {getattr(self, '__qualname__', self.name)}>"
 
