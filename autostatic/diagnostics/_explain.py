@@ -255,8 +255,9 @@ def explain(
     shape/dtype for arrays, the importable name of a function or class
     (`jax.nn.relu`), or a short repr, under a one-line summary of the whole tree.
 
-    `leaf` marks a non-array leaf outside any AutoModule's control (e.g. in an
-    `eqx.Module` field): plain `jax.jit` would reject it. Entries of an `eqx.nn.State`
+    `leaf` marks a non-array pytree leaf: one in an `eqx.Module` field, or a Python
+    number in a field annotated to hold arrays (loop state), which plain `jax.jit`
+    traces as a scalar; any other non-array leaf it rejects. Entries of an `eqx.nn.State`
     keep the key path JAX gives them (`[<flat index 0>]`, as `State` has no keys) and
     name the `StateIndex` they belong to in the value column.
 
