@@ -229,6 +229,17 @@ def test_load_eqx_checks_shapes_and_the_end_of_the_file(tmp_path):
     assert_same_arrays(load_eqx(io.BytesIO(data), EqxMLP(2, 3, KEY)), model)
 
 
+def test_load_eqx_says_when_only_a_dtype_differs():
+    class Curve(asx.AutoModule):
+        coef: np.ndarray
+
+    f = io.BytesIO()
+    eqx.tree_serialise_leaves(f, Curve(np.linspace(0.0, 1.0, 4)))  # float64
+    template = eqx.filter_eval_shape(Curve, np.linspace(0.0, 1.0, 4))
+    with pytest.raises(CheckpointError, match="Only the dtype differs"):
+        load_eqx(io.BytesIO(f.getvalue()), template)
+
+
 def test_load_eqx_reads_byte_swapped_and_fortran_ordered_numpy_arrays():
     tree = {
         "big": np.arange(3, dtype=">f4"),

@@ -388,6 +388,12 @@ def _no_fit(
         return CheckpointError(_leaf_error(name, slot.key, None, why, hint))
     blob = blobs.blobs[j]
     why = f"the file has {blob.describe()} where the template has {expected}"
+    if not slot.kinds and blob.shape == slot.shape:
+        hint = (
+            "Only the dtype differs: build the template with the saved dtypes (a "
+            "template from `eqx.filter_eval_shape` holds a numpy float64 array as "
+            "JAX's float32; call the model's constructor instead)"
+        )
     return CheckpointError(_leaf_error(name, slot.key, blob, why, hint))
 
 
