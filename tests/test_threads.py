@@ -5,6 +5,7 @@ error, never a value under another key's name, as for the `eqx.Module` twin."""
 import io
 import sys
 import threading
+import time
 from typing import Any
 
 import equinox as eqx
@@ -94,3 +95,80 @@ def test_a_dict_changed_by_another_thread_is_seen_as_at_one_moment(base, with_st
         stop.set()
         changer.join()
         sys.setswitchinterval(interval)
+
+
+class Mixed(asx.AutoModule):
+    items: list
+    table: dict
+
+
+def test_types_forgotten_by_another_thread_mid_split_leave_arrays_children(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The sets of types met are cleared when they grow past their bound, maybe by
+    another thread while this one splits a mixed container: a type found met and
+    then missed among the dynamic ones would make an array static. Here the clear
+    falls exactly there, once."""
+    from autostatic.core import _leaves, _split
+
+    array = jnp.ones(2)
+    model = Mixed([array, 1, "s", (array, 2.5)], {"p": array, "q": 3})
+    jax.tree_util.tree_leaves(model)  # every type met
+    dynamic_types, cleared = _split.dynamic_types, []
+
+    def forgetting(array_field: bool) -> set[type]:
+        if not cleared:
+            cleared.append(True)
+            _leaves._forget_types()  # as another thread's new types would
+        return dynamic_types(array_field)
+
+    monkeypatch.setattr(_split, "dynamic_types", forgetting)
+    paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path(model)[0]
+    ]
+    assert cleared
+    assert paths == [".items[0]", ".items[3][0]", ".table['p']"]
+
+
+def test_code_for_a_new_class_is_generated_one_thread_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Two threads meeting a new class's first instances at once, one holding an
+    int where the other holds an array: each generates code for its field types,
+    in turn, so neither runs with the other's names (which broke the class for
+    good), and both flatten as the twin's."""
+    from autostatic.core import _node
+
+    generated_ways, inside, overlapped = _node._generated_ways, [0], []
+
+    def slow(*args: Any) -> Any:
+        inside[0] += 1
+        overlapped.append(inside[0] > 1)
+        time.sleep(0.05)  # the other thread arrives meanwhile
+        inside[0] -= 1
+        return generated_ways(*args)
+
+    monkeypatch.setattr(_node, "_generated_ways", slow)
+
+    class Fresh(asx.AutoModule):
+        x: Any
+        y: Any
+
+    ints, arrays = Fresh(1, "a"), Fresh(jnp.ones(2), "a")
+    start = threading.Barrier(2)
+
+    def first_flattens(model: Fresh) -> None:
+        start.wait()
+        jax.tree_util.tree_leaves(model)
+
+    threads = [
+        threading.Thread(target=first_flattens, args=(m,)) for m in (ints, arrays)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert overlapped and not any(overlapped)
+    assert len(jax.tree_util.tree_leaves(Fresh(2, "b"))) == 0
+    assert len(jax.tree_util.tree_leaves(Fresh(jnp.ones(3), "b"))) == 1

@@ -66,12 +66,20 @@ def set_class_tests(node: Any, layer: Any, carrier: Any) -> None:
 
 
 def _forget_types() -> None:
+    # Odd while the sets are cleared: another thread's split taken meanwhile, which
+    # may have found a type in one set and missed it in the next, is taken again.
+    types_generation[0] += 1
     _categories.clear()
     real_types.clear()
     as_is_types.clear()
     plain_types.clear()
     node_child_types.clear()
     node_types.clear()
+    types_generation[0] += 1
+
+
+# How many times the sets of types met below have been cleared, twice over.
+types_generation: list[int] = [0]
 
 
 @functools.cache
@@ -152,12 +160,12 @@ def category(x: Any) -> int:
             real_types.add(cls)
         if found in AS_IS:
             as_is_types.add(cls)
-        if found != CONTAINER:
-            plain_types.add(cls)
         if found in (LAYER, CARRIER):
             node_child_types.add(cls)
         if found in NODES:
             node_types.add(cls)
+        if found != CONTAINER:  # last: a type in it is in every set it belongs to
+            plain_types.add(cls)
         return found
 
 

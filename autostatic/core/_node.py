@@ -11,6 +11,7 @@ exception is a template (`_templates`). Unflatten fills the attributes in at onc
 """
 
 import functools
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, Final
@@ -110,7 +111,6 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
     lists or tuples of ints, bools and strings), with the plan of this instance's
     `aux`: the first replaces the general flatten, each later one is what the one
     before calls for other types. Called while fewer than `_MOST_GENERATED` are."""
-    plan = aux[0]
     signature = spec.signatures.get(types)
     if not spec.names or signature is None or signature.tried >= _TRIES_PER_SIGNATURE:
         return
@@ -118,7 +118,26 @@ def _install_fast(spec: FieldSpec, values: tuple[Any, ...], types: Any, aux: Aux
         return
     if in_surgery():  # the layers are nodes: their carrier makers may not exist yet
         return
-    signature.tried += 1
+    with _generating:
+        tried, made = signature.tried, len(spec.generated)
+        if tried < _TRIES_PER_SIGNATURE and made < _MOST_GENERATED:
+            signature.tried += 1
+            _generate(spec, signature, values, types, aux[0])
+
+
+# Held while code is generated and installed: two threads meeting a new class's
+# first instances at once would otherwise run one's code with the other's names.
+_generating: Final = threading.RLock()
+
+
+def _generate(
+    spec: FieldSpec,
+    signature: Signature,
+    values: tuple[Any, ...],
+    types: Any,
+    plan: Plan,
+) -> None:
+    """`_install_fast`'s work, one thread at a time."""
     found = _generated_ways(spec, signature, values)
     if found is None:
         return
@@ -442,7 +461,13 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
     registered = _registered_unflatten.get(cls)
     if registered is None or any(issubclass(type(c), Tracer) for c in children):
         return
-    _fast_unflattens.add(cls)
+    with _generating:
+        if cls not in _fast_unflattens:
+            _fast_unflattens.add(cls)
+            specialise(registered, _unflatten_for(cls, plan))
+
+
+def _unflatten_for(cls: type, plan: Plan) -> Callable[..., Any]:
     namespace = {
         "general": unflatten,
         "new": _object_new,
@@ -453,7 +478,7 @@ def _install_fast_unflatten(cls: type, plan: Plan, children: Any) -> None:
         "static_value": static_value,
         "misfits": misfits,
     }
-    specialise(registered, fast_unflatten(cls, plan, namespace))
+    return fast_unflatten(cls, plan, namespace)
 
 
 def _fill(plan: Plan, attrs: dict[str, Any], aux: Aux, children: Any) -> None:

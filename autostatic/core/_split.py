@@ -45,6 +45,7 @@ from ._leaves import (
     node_types,
     NODES,
     plain_types,
+    types_generation,
 )
 from ._static import (
     held_as_themselves,
@@ -268,6 +269,21 @@ def split(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     """The part of a field's numpy array or container `value` (the field values
     whose part follows from their value, `_ways.SPLIT`) and its child and entry (see
     the module docstring)."""
+    return _unless_types_forgotten(_split_value, value, array_field, node_child)
+
+
+def _unless_types_forgotten(take: Callable[..., Any], *args: Any) -> Any:
+    """`take(*args)`, taken again while another thread cleared the sets of types met
+    meanwhile (`_leaves.types_generation`): a type found in `plain_types` and then
+    missed in `as_is_types` would have made an array static."""
+    while True:
+        before = types_generation[0]
+        found = take(*args)
+        if before == types_generation[0] and not before % 2:
+            return found
+
+
+def _split_value(value: Any, array_field: bool, node_child: NodeChild) -> Split:
     if category(value) == NDARRAY:  # of a dtype JAX holds: others are refused
         return CHILD, value, None
     cls = type(value)
@@ -341,7 +357,7 @@ def records(value: Any, array_field: bool) -> tuple[Any, Any] | None:
     rows = tuple(value)
     if not rows or set(map(type, rows)) != _ROWS:
         return None
-    found = _split_rows(value, rows, array_field)
+    found = _unless_types_forgotten(_split_rows, value, rows, array_field)
     if found is None or found[0] != BOTH:
         return None
     return found[1], found[2]
