@@ -256,6 +256,12 @@ def test_retrace_reasons_name_paths_and_values():
     (fresh,) = asx.retrace_reasons(with_fresh_lambda(), with_fresh_lambda())
     assert fresh.path == ".layers[0].activation"
     assert "functions compare by identity" in str(fresh)
+    for old, new in ((jnp.float32, jnp.float16), (int, float)):  # other values
+        (kind,) = asx.retrace_reasons(
+            asx.tree_at(lambda m: m.scale, a, old),
+            asx.tree_at(lambda m: m.scale, a, new),
+        )
+        assert "identity" not in str(kind)
 
 
 @needs_devices(2)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core._exposed import expose
 from ..core._leaves import is_dynamic_leaf
-from ..core._static import static_equal
+from ..core._static import is_dtype, static_equal
 from ._describe import short_repr
 
 
@@ -50,7 +50,7 @@ class Reason:
             return f"{where}: {self.kind} ({short_repr(self.old if self.kind == 'removed' else self.new)})"
         if self.kind == "static":
             note = ""
-            if type(self.old) is type(self.new) and callable(self.old):
+            if type(self.old) is type(self.new) and _a_function(self.old):
                 note = " (a new callable object; functions compare by identity)"
             return f"{where}: static value changed from {short_repr(self.old)} to {short_repr(self.new)}{note}"
         if self.kind == "structure":
@@ -60,6 +60,12 @@ class Reason:
         if self.kind == "kind":
             return f"{where}: changed between static and dynamic ({short_repr(self.old)} -> {short_repr(self.new)})"
         return f"{where}: {self.kind} changed from {self.old} to {self.new}"
+
+
+def _a_function(x: Any) -> bool:
+    """A callable compared by identity: not a class or a dtype (`int`, `jnp.float32`),
+    which another value of replaces."""
+    return callable(x) and not isinstance(x, type) and not is_dtype(x)
 
 
 def _static_equal(a: Any, b: Any) -> bool:
