@@ -411,8 +411,8 @@ def _compares_in_python(value: Any) -> bool:
 
 def hold(leaf: Any) -> Any:
     """What the aux holds for a static leaf: the leaf itself, an exact form
-    (`ExactFloat`, `SameProgram`, `SHARED_NODE`), a `SameDtype`, a `SamePartial`, a frozen copy of a
-    set, or a `Compared` for a leaf compared in Python."""
+    (`ExactFloat`, `SameProgram`, `SHARED_NODE`), a `SameDtype`, a `SamePartial`, a
+    frozen copy of a set, or a `Compared` for a leaf compared in Python."""
     if type(leaf) is set or type(leaf) is frozenset:
         return SetValue(leaf, type(leaf))
     if type(leaf).__hash__ is None:
@@ -452,7 +452,8 @@ def _holds_as_itself(kind: type) -> bool:
 
 
 # The leaf types `hold` may wrap, by the value: floats and complex numbers (zeros,
-# NaNs), sets, programs, partials, classes (a numpy scalar type is a dtype).
+# NaNs), sets, programs, partials, classes (a numpy scalar type is a dtype), and
+# `eqx.nn.Shared`'s placeholder.
 _HELD_BY_VALUE: Final = frozenset(
     {float, complex, set, frozenset, Jaxpr, functools.partial, type, SharedNode}
 )
