@@ -26,6 +26,7 @@ import jax.tree_util as jtu
 from ._carriers import layer_of
 from ._fields import fields_of
 from ._leaves import (
+    all_real,
     ARRAY,
     BUILTIN_NODES,
     CARRIER,
@@ -89,9 +90,10 @@ def _a_model_s(cls: type, aux: Aux, children: Any, leaves: list[Any]) -> bool:
         return True
     if not kinds <= _IN_ARRAY_FIELDS or not any(map(_shows_a_model, leaves)):
         return False
-    array_field = dict(zip(fields_of(cls).names, fields_of(cls).array_fields))
+    spec = fields_of(cls)
+    array_field = dict(zip(spec.names, spec.array_fields))
     return all(
-        array_field[name] or _all_of_kinds(child, REAL)
+        array_field[name] or all_real(child)
         for name, part, child, _ in _node_fields(aux, children)
         if part != ENTRY
     )
@@ -104,10 +106,6 @@ _IN_ARRAY_FIELDS: Final = REAL | {NUMBER, SHAPE}
 def _shows_a_model(x: Any) -> bool:
     kind = category(x)
     return kind in (ARRAY, NDARRAY) or (kind in NODES and _record(x) is None)
-
-
-def _all_of_kinds(tree: Any, kinds: frozenset[int]) -> bool:
-    return all(category(x) in kinds for x in jtu.tree_leaves(tree, is_leaf=stops))
 
 
 def _holes_misfit(aux: Aux, children: Any) -> bool:
